@@ -1,0 +1,96 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Every change sglang-graphfix makes to sglang 0.5.23: ``PATCHES`` is the index.
+
+Each hook's header (What / Why / How / Upstream / Removal) sits on its function, in
+a module that mirrors the upstream file it fixes.
+"""
+
+from __future__ import annotations
+
+import logging
+import pkgutil
+from typing import Callable, NamedTuple
+
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+from sglang_graphfix.srt.arg_groups import cuda_graph_hook
+from sglang_graphfix.srt.layers.attention import hybrid_linear_attn_backend
+from sglang_graphfix.srt.layers.attention.dsa import dsa_indexer
+from sglang_graphfix.srt.layers.attention.linear import gdn_backend
+
+logger = logging.getLogger(__name__)
+
+
+class Patch(NamedTuple):
+    target: str
+    hook: Callable
+    hook_type: HookType
+
+
+_SRT = "sglang.srt."
+_ARGS = _SRT + "arg_groups.cuda_graph_hook."
+_ATTN = _SRT + "layers.attention."
+
+PATCHES = (
+    # Hybrid linear attention under a full prefill CUDA graph.
+    Patch(_ARGS + "disable_full_prefill_cudagraph_if_incompatible", cuda_graph_hook.downgrade_unsupported_full_prefill_graph, HookType.AROUND),
+    Patch(_ARGS + "validate_cuda_graph_config", cuda_graph_hook.reject_unsupported_full_prefill_graph, HookType.AROUND),
+    Patch(_ATTN + "hybrid_linear_attn_backend.HybridLinearAttnBackend.init_forward_metadata_out_graph", hybrid_linear_attn_backend.linear_extend_tables_for_full_prefill_graph, HookType.AROUND),
+    Patch(_ATTN + "linear.gdn_backend.GDNAttnBackend.forward_extend", gdn_backend.gdn_extend_on_full_graph_tables, HookType.AROUND),
+    Patch(_ATTN + "linear.gdn_backend.flashinfer_gdn_prefill_default", gdn_backend.keep_triton_gdn_prefill_for_full_graph, HookType.AROUND),
+    # DSA indexer weights_proj LoRA under piecewise/breakable prefill graphs.
+    Patch(_ATTN + "dsa.dsa_indexer.Indexer._get_logits_head_gate", dsa_indexer.lora_aware_head_gate, HookType.AROUND),
+    Patch(_ATTN + "dsa.dsa_indexer.Indexer.forward_cuda", dsa_indexer.lora_aware_split_op_dispatch, HookType.AROUND),
+)  # fmt: skip
+
+
+def _lookup(target: str):
+    owner_path, name = target.rsplit(".", 1)
+    return getattr(pkgutil.resolve_name(owner_path), name)
+
+
+def _wraps(current, original) -> bool:
+    """Whether ``current`` is (a wrapper chain around) ``original``."""
+    seen = set()
+    while current is not None and id(current) not in seen:
+        if current is original:
+            return True
+        seen.add(id(current))
+        current = getattr(current, "__wrapped__", None)
+    return False
+
+
+def apply_patches(patches=PATCHES) -> None:
+    """Register every patch with sglang's HookRegistry, apply, and verify.
+
+    Every target is resolved before anything is registered, so a missing one
+    patches nothing. HookRegistry.apply_hooks only logs a failed target; each
+    one is checked afterwards and any that is not wrapped raises.
+    """
+    originals = {}
+    missing = []
+    for patch in patches:
+        try:
+            originals[patch.target] = _lookup(patch.target)
+        except (AttributeError, ImportError, ValueError) as exc:
+            missing.append(f"{patch.target} ({exc})")
+    if missing:
+        raise RuntimeError(
+            "sglang-graphfix: patch targets not found, nothing patched: "
+            + "; ".join(missing)
+        )
+
+    for patch in patches:
+        HookRegistry.register(patch.target, patch.hook, patch.hook_type)
+    HookRegistry.apply_hooks()
+
+    unapplied = []
+    for patch in patches:
+        current, original = _lookup(patch.target), originals[patch.target]
+        if current is original or not _wraps(current, original):
+            unapplied.append(patch.target)
+    if unapplied:
+        raise RuntimeError(
+            "sglang-graphfix: HookRegistry did not apply: " + ", ".join(unapplied)
+        )
+    logger.info("sglang-graphfix: applied %d patches to sglang", len(patches))

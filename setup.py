@@ -1,0 +1,17 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="sglang-graphfix",
+    version="0.1.0",
+    description=(
+        "Fixes for two CUDA-graph failures in sglang 0.5.23: hybrid linear "
+        "attention under a full prefill graph, and DSA indexer weights_proj LoRA "
+        "under breakable/piecewise prefill graphs."
+    ),
+    license="Apache-2.0",
+    package_dir={"": "python"},
+    packages=find_packages("python"),
+    python_requires=">=3.10",
+    install_requires=["sglang==0.5.23"],
+    entry_points={"sglang.srt.plugins": ["graphfix = sglang_graphfix:register"]},
+)
