@@ -1,0 +1,202 @@
+# SPDX-License-Identifier: Apache-2.0
+"""GDN extend captured inside full prefill CUDA graphs.
+
+Sibling of sglang/srt/layers/attention/linear/kda_prefill_graph.py, for GDN.
+
+The eager GDN extend sizes its launches from host-side data: ``causal_conv1d_fn``
+takes ``seq_lens_cpu`` and the FLA chunk kernels build ``chunk_indices`` with a
+``.tolist()`` (``prepare_chunk_indices``), whose ``tensor_cache`` would also replay
+capture-time values. A full prefill graph records one launch per token bucket,
+so every launch here reads the static tables of ``KDAPrefillGraphMetadata``
+instead: the same delta-rule chunk size (64) and conv blocks, filled on the host
+before each replay. Padded table rows point past their sequence or carry
+``PAD_SLOT_ID`` and do no work; tokens past the batch belong to no sequence and
+their output rows stay zero.
+
+The kernels are sglang's own; only their table arguments change.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from sglang.kernels.ops.attention.fla.chunk_delta_h import (
+    CHUNK_SIZE,
+    chunk_gated_delta_rule_fwd_h,
+)
+from sglang.kernels.ops.attention.fla.chunk_fwd import chunk_gated_delta_rule_fwd_intra
+from sglang.kernels.ops.attention.fla.chunk_o import chunk_fwd_kernel_o
+from sglang.kernels.ops.attention.fla.cumsum import chunk_local_cumsum
+from sglang.kernels.ops.attention.fla.l2norm import l2norm_fwd
+from sglang.kernels.ops.attention.linear.fused_gdn_gating import fused_gdn_gating
+from sglang.kernels.ops.attention.triton_gdn_fused_proj import (
+    fused_qkv_split_gdn_prefill,
+)
+from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_fn
+from sglang.kernels.ops.mamba.kda_prefill_track import TRACK_NONE, kda_track_ssm_state
+from sglang.srt.layers.attention.linear.kda_prefill_graph import (
+    KDA_CHUNK_SIZE,
+    KDAPrefillGraphMetadata,
+)
+
+# The tables are KDA's; they describe GDN's chunking only because both use the
+# FLA delta-rule chunk of 64 tokens.
+assert KDA_CHUNK_SIZE == CHUNK_SIZE, (KDA_CHUNK_SIZE, CHUNK_SIZE)
+
+# Same bound as gdn_backend.MAX_FUSED_QKV_SPLIT_DIM.
+_MAX_FUSED_QKV_SPLIT_DIM = 8192
+# Untracked rows of a snapshot scatter land in the reserved mamba padding slot.
+_PADDING_SLOT = 0
+
+
+def gdn_extend_in_graph(
+    *,
+    layer,
+    meta: KDAPrefillGraphMetadata,
+    conv_states: torch.Tensor,
+    ssm_states: torch.Tensor,
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+) -> torch.Tensor:
+    """GDNAttnBackend.forward_extend (plain extend, Triton kernels) with launch
+    grids that depend only on the bucket. ``conv_states`` / ``ssm_states`` are the
+    layer's [slots, dim, kernel-1] and [slots, H, V, K] pools. Returns
+    [1, num_tokens, H, V]."""
+    if meta.track:
+        # Before the conv kernel shifts the cache; the windows come from the raw input.
+        _snapshot_conv_windows(conv_states, mixed_qkv, meta)
+
+    x = causal_conv1d_fn(
+        mixed_qkv.transpose(0, 1),
+        layer.conv_weights,
+        layer.bias,
+        conv_states=conv_states,
+        query_start_loc=meta.cu_seqlens,
+        seq_lens_cpu=None,
+        cache_indices=meta.cache_indices,
+        has_initial_state=meta.has_initial_state,
+        activation=layer.activation,
+        block_table=meta.conv_block_table,
+    ).transpose(0, 1)
+
+    if layer.q_dim + layer.k_dim + layer.v_dim <= _MAX_FUSED_QKV_SPLIT_DIM:
+        q, k, v = fused_qkv_split_gdn_prefill(
+            x,
+            layer.num_q_heads,
+            layer.num_k_heads,
+            layer.num_v_heads,
+            layer.head_q_dim,
+            layer.head_k_dim,
+            layer.head_v_dim,
+        )
+    else:
+        q, k, v = (
+            t.reshape(1, x.shape[0], heads, dim).contiguous()
+            for t, heads, dim in zip(
+                x.split([layer.q_dim, layer.k_dim, layer.v_dim], dim=-1),
+                (layer.num_q_heads, layer.num_k_heads, layer.num_v_heads),
+                (layer.head_q_dim, layer.head_k_dim, layer.head_v_dim),
+            )
+        )
+    g, beta = fused_gdn_gating(layer.A_log, a, b, layer.dt_bias)
+
+    o, h = chunk_gated_delta_rule_on_tables(q, k, v, g, beta, ssm_states, meta)
+    if meta.track:
+        _snapshot_ssm_states(ssm_states, h, meta)
+    return o
+
+
+def chunk_gated_delta_rule_on_tables(q, k, v, g, beta, ssm_states, meta):
+    """chunk_gated_delta_rule (qk l2norm in kernel, states updated in place) with
+    every varlen launch reading ``meta``'s chunk tables. Returns (o, h)."""
+    scale = k.shape[-1] ** -0.5
+    q, k = l2norm_fwd(q), l2norm_fwd(k)
+    cu_seqlens, chunk_indices = meta.cu_seqlens, meta.chunk_indices
+    g = chunk_local_cumsum(
+        g, chunk_size=CHUNK_SIZE, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices
+    )
+    w, u, _ = chunk_gated_delta_rule_fwd_intra(
+        k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices
+    )
+    h, v_new = chunk_gated_delta_rule_fwd_h(
+        k=k,
+        w=w,
+        u=u,
+        g=g,
+        initial_state=ssm_states,
+        initial_state_indices=meta.cache_indices,
+        cu_seqlens=cu_seqlens,
+        chunk_indices=chunk_indices,
+        chunk_offsets=meta.chunk_offsets,
+    )
+    # chunk_fwd_o has no chunk_indices argument (it derives them on the host),
+    # so launch its kernel on the table: one program per (V block, chunk row, head).
+    _, T, Hg, K = q.shape
+    H, V = v_new.shape[-2], v_new.shape[-1]
+    o = torch.zeros_like(v_new)
+    block_v = 64
+    chunk_fwd_kernel_o[(triton.cdiv(V, block_v), meta.max_chunks, H)](
+        q=q,
+        k=k,
+        v=v_new,
+        h=h,
+        g=g,
+        o=o,
+        cu_seqlens=cu_seqlens,
+        chunk_indices=chunk_indices,
+        scale=scale,
+        T=T,
+        H=H,
+        Hg=Hg,
+        K=K,
+        V=V,
+        BT=CHUNK_SIZE,
+        BK=128,
+        BV=block_v,
+        USE_G=True,
+        IS_VARLEN=True,
+        num_warps=4,
+        num_stages=2,
+    )
+    return o, h
+
+
+def conv_window_rows(meta, window: int, device) -> tuple:
+    """Per table row: the token rows of its conv-window snapshot (eager GDN:
+    start + arange(window) clamped to the batch's tokens) and its destination
+    slot (the padding slot for untracked rows)."""
+    offsets = torch.arange(window, device=device, dtype=torch.int64)
+    rows = meta.track_conv_start.to(torch.int64).unsqueeze(1) + offsets
+    last = meta.num_logical_tokens.to(torch.int64) - 1
+    rows = torch.minimum(rows.clamp(min=0), last)
+    dst = torch.where(meta.track_mode != TRACK_NONE, meta.track_dst, _PADDING_SLOT)
+    return rows, dst
+
+
+def chunk_state_rows(meta, num_chunk_rows: int) -> torch.Tensor:
+    """Per table row: the row of ``h`` (per-chunk states, sequence-major) holding
+    the state at its tracked chunk boundary (eager GDN's track_ssm_h_src)."""
+    first_chunk = meta.chunk_offsets[:-1].to(torch.int64)
+    rows = first_chunk + meta.track_chunk_idx.clamp(min=0)
+    return rows.clamp(max=num_chunk_rows - 1)
+
+
+def _snapshot_conv_windows(conv_states, mixed_qkv, meta) -> None:
+    """Eager GDN: conv_states[dst] = mixed_qkv[window rows].T per tracked row."""
+    rows, dst = conv_window_rows(meta, conv_states.shape[-1], mixed_qkv.device)
+    conv_states[dst] = mixed_qkv[rows].transpose(1, 2).to(conv_states.dtype)
+
+
+def _snapshot_ssm_states(ssm_states, h, meta) -> None:
+    """Eager GDN (Triton) tracks the bf16 per-chunk state ``h`` at the row's last
+    chunk boundary, or the final state of chunk-aligned rows; kda_track_ssm_state
+    does the per-row copy on a grid fixed by the table."""
+    kda_track_ssm_state(
+        ssm_pool=ssm_states,
+        h_track=h[0].index_select(0, chunk_state_rows(meta, h.shape[1])),
+        track_mode=meta.track_mode,
+        track_dst=meta.track_dst,
+        cache_indices=meta.cache_indices,
+    )
