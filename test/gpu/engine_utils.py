@@ -1,0 +1,142 @@
+"""Run a real sglang.Engine on a tiny model and collect greedy tokens + logprobs.
+
+The engine's scheduler runs in a subprocess; it loads sglang-graphfix through the
+``sglang.srt.plugins`` entry point (the package must be installed) and the test
+probe plugin under ``test/gpu/probe`` (put on PYTHONPATH here), which counts
+graph-path events in files under ``GRAPHFIX_PROBE_DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PROBE_PATH = HERE / "probe"
+PROBE_DIR = Path(os.environ.setdefault("GRAPHFIX_PROBE_DIR", f"/tmp/graphfix-probe-{os.getpid()}"))
+PROBE_DIR.mkdir(parents=True, exist_ok=True)
+# multiprocessing's spawn hands the engine processes this sys.path (not PYTHONPATH).
+sys.path.insert(0, str(PROBE_PATH))
+
+
+@contextmanager
+def _env(env: dict | None):
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update({k: str(v) for k, v in (env or {}).items()})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def probe_count(name: str) -> int:
+    path = PROBE_DIR / name
+    return path.stat().st_size if path.exists() else 0
+
+
+def probe_counts() -> dict:
+    return {p.name: p.stat().st_size for p in PROBE_DIR.iterdir()}
+
+
+def _parse(out: dict) -> dict:
+    meta = out["meta_info"]
+    steps = meta["output_token_logprobs"]
+    top = meta.get("output_top_logprobs") or [None] * len(steps)
+    return {
+        "output_ids": list(out["output_ids"]),
+        "output_logprobs": [float(s[0]) for s in steps],
+        # Best two logprobs per step: a greedy split between engines is only
+        # acceptable where these are (nearly) tied.
+        "top2": [[float(t[0]) for t in (row or [])[:2]] for row in top],
+    }
+
+
+def run_engine(engine_kwargs: dict, batches: list, *, env: dict | None = None) -> list:
+    """Start an Engine, run each batch in order, shut it down.
+
+    A batch: {"input_ids": [[int]], "max_new_tokens": int, "lora_path": str|None}.
+    Returns one list per batch, one dict per prompt (output_ids, output_logprobs,
+    top2); the first dict of each batch also holds "probe_counts" (snapshot after
+    the batch) and "seconds" (wall time of the batch).
+    """
+    import sglang
+
+    kwargs = {"skip_tokenizer_init": True, "log_level": "warning", **engine_kwargs}
+    results = []
+    with _env(env):
+        engine = sglang.Engine(**kwargs)
+        try:
+            for batch in batches:
+                prompts = batch["input_ids"]
+                lora = batch.get("lora_path")
+                start = time.perf_counter()
+                outs = engine.generate(
+                    input_ids=prompts,
+                    sampling_params={
+                        "temperature": 0.0,
+                        "max_new_tokens": batch["max_new_tokens"],
+                        "ignore_eos": True,
+                    },
+                    return_logprob=True,
+                    top_logprobs_num=2,
+                    lora_path=[lora] * len(prompts) if lora else None,
+                )
+                seconds = time.perf_counter() - start
+                parsed = [_parse(o) for o in outs]
+                parsed[0]["probe_counts"] = probe_counts()
+                parsed[0]["seconds"] = seconds
+                results.append(parsed)
+        finally:
+            engine.shutdown()
+    return results
+
+
+def compare(reference: list, candidate: list, *, tol: float) -> dict:
+    """Greedy outputs of two engines on the same prompts.
+
+    Tokens must agree and logprobs stay within ``tol``; a split in the greedy
+    token is accepted only at a near tie (both runs' best two logprobs within
+    ``tol``), and the sequence is compared only up to there.
+    """
+    max_diff, splits, compared, mismatches = 0.0, 0, 0, []
+    for i, (a, b) in enumerate(zip(reference, candidate)):
+        for t, (ta, tb) in enumerate(zip(a["output_ids"], b["output_ids"])):
+            if ta != tb:
+                tied = all(len(r["top2"][t]) == 2 and r["top2"][t][0] - r["top2"][t][1] <= tol for r in (a, b))
+                if tied:
+                    splits += 1
+                else:
+                    mismatches.append({"prompt": i, "step": t, "tokens": [ta, tb]})
+                break
+            diff = abs(a["output_logprobs"][t] - b["output_logprobs"][t])
+            max_diff = max(max_diff, diff)
+            compared += 1
+            if diff > tol:
+                mismatches.append({"prompt": i, "step": t, "logprob_diff": diff})
+    return {
+        "compared_steps": compared,
+        "max_logprob_diff": max_diff,
+        "near_tie_splits": splits,
+        "mismatches": mismatches,
+    }
+
+
+def max_logprob_diff(a: list, b: list) -> float:
+    return max(
+        (abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra["output_logprobs"], rb["output_logprobs"])),
+        default=0.0,
+    )
+
+
+def write_result(name: str, payload: dict) -> None:
+    out = Path(os.environ.get("OUT") or HERE / ".results")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")

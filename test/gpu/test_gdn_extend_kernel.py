@@ -1,0 +1,227 @@
+"""gdn_extend_in_graph, captured once in a CUDA graph and replayed for several
+batches, against sglang's eager GDN extend (the same calls GDNAttnBackend makes:
+causal_conv1d_fn with host lengths, chunk_gated_delta_rule with cu_seqlens)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from engine_utils import write_result
+
+from sglang.kernels.ops.attention.fla.chunk import chunk_gated_delta_rule
+from sglang.kernels.ops.attention.fla.index import prepare_chunk_offsets
+from sglang.kernels.ops.attention.linear.fused_gdn_gating import fused_gdn_gating
+from sglang.kernels.ops.attention.triton_gdn_fused_proj import (
+    fused_qkv_split_gdn_prefill,
+)
+from sglang.srt.layers.attention.linear.kda_prefill_graph import (
+    KDAPrefillGraphMetadata,
+    build_track_rows,
+)
+from sglang.srt.layers.attention.mamba.causal_conv1d import causal_conv1d_fn
+from sglang_graphfix.srt.layers.attention.linear.gdn_prefill_graph import (
+    gdn_extend_in_graph,
+)
+
+HK, HV, D, WIDTH = 2, 4, 128, 4  # key heads, value heads, head dim, conv width
+DIM = (2 * HK + HV) * D
+SLOTS, BUCKET, MAX_SEQS, CHUNK = 16, 256, 4, 64
+DEV = "cuda"
+
+# (extend lens, state slots, prefix lens, tracked rows, track slots)
+BATCHES = [
+    ([37, 100, 5], [3, 5, 7], [0, 10, 0], [True, True, False], [10, 11, 12]),
+    ([64, 64, 128], [2, 4, 6], [1, 1, 1], [False, False, True], [10, 11, 12]),
+    ([250], [9], [0], [True], [13]),
+    ([1, 1, 1, 20], [1, 8, 14, 15], [5, 0, 7, 0], [False] * 4, [10, 11, 12, 13]),
+]
+
+
+def _layer():
+    g = torch.Generator(device=DEV).manual_seed(0)
+    rand = lambda *s: torch.randn(*s, generator=g, device=DEV)  # noqa: E731
+    return SimpleNamespace(
+        conv_weights=(rand(DIM, WIDTH) * 0.5).bfloat16(),
+        bias=None,
+        activation="silu",
+        A_log=torch.log(torch.rand(HV, generator=g, device=DEV) * 15 + 1),
+        dt_bias=torch.ones(HV, device=DEV),
+        num_q_heads=HK,
+        num_k_heads=HK,
+        num_v_heads=HV,
+        head_q_dim=D,
+        head_k_dim=D,
+        head_v_dim=D,
+        q_dim=HK * D,
+        k_dim=HK * D,
+        v_dim=HV * D,
+    )
+
+
+def _inputs(n, seed):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    x = torch.randn(n, DIM, generator=g, device=DEV).bfloat16()
+    a = torch.randn(n, HV, generator=g, device=DEV).bfloat16()
+    b = torch.randn(n, HV, generator=g, device=DEV).bfloat16()
+    return x, a, b
+
+
+def _pools():
+    g = torch.Generator(device=DEV).manual_seed(1)
+    conv = torch.randn(SLOTS, DIM, WIDTH - 1, generator=g, device=DEV).bfloat16()
+    ssm = torch.randn(SLOTS, HV, D, D, generator=g, device=DEV) * 0.1
+    return conv, ssm
+
+
+def _eager(layer, conv, ssm, x, a, b, lens, slots, prefix, track):
+    """GDNAttnBackend.forward_extend's plain-extend path, plus its track copies."""
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+    idx = torch.tensor(slots, dtype=torch.int32, device=DEV)
+    has_init = torch.tensor(prefix, device=DEV) > 0
+    windows = _eager_conv_windows(x, cu, lens, prefix, track)
+    xs = causal_conv1d_fn(
+        x.transpose(0, 1),
+        layer.conv_weights,
+        layer.bias,
+        activation=layer.activation,
+        conv_states=conv,
+        has_initial_state=has_init,
+        cache_indices=idx,
+        query_start_loc=cu,
+        seq_lens_cpu=lens,
+    ).transpose(0, 1)[: x.shape[0]]
+    q, k, v = fused_qkv_split_gdn_prefill(xs, HK, HK, HV, D, D, D)
+    g, beta = fused_gdn_gating(layer.A_log, a, b, layer.dt_bias)
+    o, _, h = chunk_gated_delta_rule(
+        q, k, v, g, beta, initial_state=ssm, initial_state_indices=idx,
+        cu_seqlens=cu, head_first=False, use_qk_l2norm_in_kernel=True,
+    )  # fmt: skip
+    if track is not None:
+        offsets = prepare_chunk_offsets(cu.long(), CHUNK).tolist()
+        for row, dst, window in windows:
+            conv[dst] = window
+        for row, chunk in track.chunk_rows:
+            ssm[track.dst[row]] = h[0, offsets[row] + chunk].float()
+        for row in track.final_rows:
+            ssm[track.dst[row]] = ssm[slots[row]]
+    return o
+
+
+def _eager_conv_windows(x, cu, lens, prefix, track):
+    if track is None:
+        return []
+    total = sum(lens)
+    out = []
+    for row, aligned in track.conv_rows:
+        start = int(cu[row]) + aligned - (WIDTH - 1)
+        rows = [min(max(start + j, 0), total - 1) for j in range(WIDTH - 1)]
+        out.append((row, int(track.dst[row]), x[rows].transpose(0, 1).clone()))
+    return out
+
+
+def _track_rows(lens, prefix, mask, dst):
+    return build_track_rows(
+        track_mask=mask,
+        track_seq_lens=[p + n for p, n in zip(prefix, lens)],
+        extend_seq_lens=lens,
+        extend_prefix_lens=prefix,
+        state_chunk_size=CHUNK,
+        cache_chunk_size=CHUNK,
+        conv_len=WIDTH - 1,
+        dst=torch.tensor(dst, dtype=torch.int64, device=DEV),
+    )
+
+
+class _CapturedExtend:
+    """One bucket captured once; every batch replays it after a table refill."""
+
+    def __init__(self, layer, conv, ssm):
+        self.layer, self.conv, self.ssm = layer, conv, ssm
+        self.meta = KDAPrefillGraphMetadata.allocate(
+            num_tokens=BUCKET, max_seqs_cap=MAX_SEQS, track=True,
+            cache_index_dtype=torch.int32, device=DEV,
+        )  # fmt: skip
+        self.x = torch.zeros(BUCKET, DIM, dtype=torch.bfloat16, device=DEV)
+        self.a = torch.zeros(BUCKET, HV, dtype=torch.bfloat16, device=DEV)
+        self.b = torch.zeros(BUCKET, HV, dtype=torch.bfloat16, device=DEV)
+        self.prefix = torch.zeros(MAX_SEQS, dtype=torch.int64, device=DEV)
+        saved = conv.clone(), ssm.clone()
+        self.load(*BATCHES[0][:3], None, *_inputs(sum(BATCHES[0][0]), 0))
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._run()  # warm up (JIT, autotune) outside capture
+        torch.cuda.current_stream().wait_stream(stream)
+        conv.copy_(saved[0]), ssm.copy_(saved[1])
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = self._run()
+
+    def _run(self):
+        return gdn_extend_in_graph(
+            layer=self.layer, meta=self.meta, conv_states=self.conv,
+            ssm_states=self.ssm, mixed_qkv=self.x, a=self.a, b=self.b,
+        )  # fmt: skip
+
+    def load(self, lens, slots, prefix, track, x, a, b):
+        n = x.shape[0]
+        self.x.zero_(), self.a.zero_(), self.b.zero_()
+        self.x[:n], self.a[:n], self.b[:n] = x, a, b
+        self.prefix.zero_()
+        self.prefix[: len(prefix)] = torch.tensor(prefix, device=DEV)
+        self.meta.fill(
+            extend_seq_lens=lens,
+            cache_indices=torch.tensor(slots, dtype=torch.int32, device=DEV),
+            extend_prefix_lens=self.prefix,
+            track_rows=track,
+        )
+
+    def replay(self, n):
+        self.graph.replay()
+        return self.out[0, :n]
+
+
+@pytest.fixture(scope="module")
+def captured():
+    layer = _layer()
+    conv, ssm = _pools()
+    return layer, _CapturedExtend(layer, conv, ssm)
+
+
+def _run_batch(layer, captured, batch_id, corrupt=None):
+    lens, slots, prefix, mask, dst = BATCHES[batch_id]
+    x, a, b = _inputs(sum(lens), batch_id)
+    conv0, ssm0 = _pools()
+    track = _track_rows(lens, prefix, mask, dst)
+    conv_e, ssm_e = conv0.clone(), ssm0.clone()
+    ref = _eager(layer, conv_e, ssm_e, x, a, b, lens, slots, prefix, track)[0]
+    captured.conv.copy_(conv0), captured.ssm.copy_(ssm0)
+    captured.load(lens, slots, prefix, track, x, a, b)
+    if corrupt is not None:
+        corrupt(captured.meta)
+    out = captured.replay(sum(lens))
+    return {
+        "output": (out.float() - ref.float()).abs().max().item(),
+        "output_scale": ref.float().abs().max().item(),
+        # Slot 0 is the reserved padding slot: untracked rows' snapshot writes land there.
+        "conv_state": (captured.conv[1:].float() - conv_e[1:].float()).abs().max().item(),
+        "ssm_state": (captured.ssm - ssm_e).abs().max().item(),
+        "tracked_rows": 0 if track is None else len(track.conv_rows),
+    }
+
+
+def test_replayed_graph_matches_eager_extend(captured):
+    layer, graph = captured
+    diffs = {f"batch{i}": _run_batch(layer, graph, i) for i in range(len(BATCHES))}
+    write_result("gdn_extend_kernel", {"bucket": BUCKET, "max_seqs": MAX_SEQS, "max_abs_diff": diffs})
+    for d in diffs.values():
+        assert d["output"] <= 2e-2 * max(1.0, d["output_scale"]), d
+        assert d["conv_state"] <= 2e-2 and d["ssm_state"] <= 2e-2, d
+
+
+def test_wrong_state_slot_is_detected(captured):
+    """Can-fail control: the same replay pointed at the padding state slot."""
+    layer, graph = captured
+    d = _run_batch(layer, graph, 0, corrupt=lambda m: m.cache_indices.masked_fill_(m.cache_indices >= 0, 0))
+    write_result("gdn_extend_kernel_wrong_state", {"max_abs_diff": d})
+    assert d["output"] > 2e-2 * max(1.0, d["output_scale"]) or d["ssm_state"] > 2e-2, d

@@ -1,0 +1,154 @@
+"""Tiny config.json files for one model of each hybrid linear-attention family,
+built with transformers' or sglang's own config classes (sglang's where its
+loader rejects transformers' field names)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def qwen3_next_config():
+    """GDN hybrid: 3 GDN layers + 1 full-attention layer; GDN heads of 128 so
+    sglang's FlashInfer GDN-prefill default applies on Hopper."""
+    from transformers import Qwen3NextConfig
+
+    config = Qwen3NextConfig(
+        vocab_size=2048,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=128,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=128,
+        shared_expert_intermediate_size=128,
+        max_position_embeddings=4096,
+    )
+    config.architectures = ["Qwen3NextForCausalLM"]
+    return config
+
+
+def _nemotron_h():
+    from sglang.srt.configs.nemotron_h import NemotronHConfig
+
+    return NemotronHConfig(
+        vocab_size=2048,
+        hidden_size=256,
+        intermediate_size=512,
+        hybrid_override_pattern="M*M-",
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        mamba_num_heads=8,
+        mamba_head_dim=32,
+        ssm_state_size=16,
+        n_groups=1,
+    )
+
+
+def _falcon_h1():
+    from sglang.srt.configs import FalconH1Config
+
+    return FalconH1Config(
+        vocab_size=2048,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        mamba_d_ssm=256,
+        mamba_n_heads=8,
+        mamba_d_head=32,
+        mamba_n_groups=1,
+        mamba_d_state=16,
+    )
+
+
+def _lfm2():
+    from sglang.srt.configs import Lfm2Config
+
+    return Lfm2Config(
+        vocab_size=2048,
+        hidden_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        layer_types=["conv", "full_attention"],
+    )
+
+
+def _kimi_linear():
+    from sglang.srt.configs import KimiLinearConfig
+
+    return KimiLinearConfig(
+        vocab_size=2048,
+        hidden_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_experts=4,
+        num_experts_per_token=2,
+        moe_intermediate_size=128,
+        kv_lora_rank=128,
+        qk_nope_head_dim=64,
+        qk_rope_head_dim=32,
+        v_head_dim=64,
+        linear_attn_config={
+            "kda_layers": [1],
+            "full_attn_layers": [2],
+            "head_dim": 64,
+            "num_heads": 4,
+            "short_conv_kernel_size": 4,
+        },
+    )
+
+
+def _llama():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=2048,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+
+
+# family -> (config factory, architecture, linear-attention family sglang builds)
+FAMILIES = {
+    "qwen3_next": (qwen3_next_config, "Qwen3NextForCausalLM", "GDN"),
+    "nemotron_h": (_nemotron_h, "NemotronHForCausalLM", "Mamba2/short-conv"),
+    "falcon_h1": (_falcon_h1, "FalconH1ForCausalLM", "Mamba2/short-conv"),
+    "lfm2": (_lfm2, "Lfm2ForCausalLM", "Mamba2/short-conv"),
+    "kimi_linear": (_kimi_linear, "KimiLinearForCausalLM", "KDA"),
+    "llama": (_llama, "LlamaForCausalLM", None),
+}
+
+
+def write_config(family: str, path: Path) -> str:
+    factory, arch, _ = FAMILIES[family]
+    config = factory()
+    config.architectures = [arch]
+    config.save_pretrained(path)
+    if family == "qwen3_next":
+        add_qwen3_next_layout(path)
+    return str(path)
+
+
+def add_qwen3_next_layout(path: Path) -> None:
+    """sglang's Qwen3NextConfig places the full-attention layers from
+    ``full_attention_interval``, which transformers does not write."""
+    config_file = Path(path) / "config.json"
+    fields = json.loads(config_file.read_text())
+    fields["full_attention_interval"] = 4
+    config_file.write_text(json.dumps(fields, indent=2))

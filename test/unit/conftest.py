@@ -1,0 +1,14 @@
+"""CPU tests: the real sglang 0.5.23 with sglang-graphfix applied, as the plugin
+entry point applies it in every sglang process."""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# The working tree's package (CI also installs it, for the entry point) and the
+# shared tiny configs.
+sys.path[:0] = [str(ROOT / "python"), str(ROOT / "test")]
+
+import sglang_graphfix  # noqa: E402
+
+sglang_graphfix.register()
