@@ -101,7 +101,9 @@ def weights_proj_lora_key(layer: int, matrix: str) -> str:
     return f"base_model.model.model.layers.{layer}.self_attn.indexer.weights_proj.{matrix}.weight"
 
 
-def build_weights_proj_adapter(model_dir, adapter_dir, rank: int = 8, scale: float = 1.0) -> str:
+def build_weights_proj_adapter(
+    model_dir, adapter_dir, rank: int = 8, scale: float = 1.0
+) -> str:
     """Write a PEFT-format LoRA adapter on every layer's indexer.weights_proj
     (without peft: adapter_config.json + adapter_model.safetensors).
 
@@ -142,7 +144,9 @@ def build_weights_proj_adapter(model_dir, adapter_dir, rank: int = 8, scale: flo
         "modules_to_save": None,
         "inference_mode": True,
     }
-    (adapter_dir / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2) + "\n")
+    (adapter_dir / "adapter_config.json").write_text(
+        json.dumps(adapter_config, indent=2) + "\n"
+    )
     return str(adapter_dir)
 
 

@@ -17,7 +17,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PROBE_PATH = HERE / "probe"
-PROBE_DIR = Path(os.environ.setdefault("GRAPHFIX_PROBE_DIR", f"/tmp/graphfix-probe-{os.getpid()}"))
+PROBE_DIR = Path(
+    os.environ.setdefault("GRAPHFIX_PROBE_DIR", f"/tmp/graphfix-probe-{os.getpid()}")
+)
 PROBE_DIR.mkdir(parents=True, exist_ok=True)
 # multiprocessing's spawn hands the engine processes this sys.path (not PYTHONPATH).
 sys.path.insert(0, str(PROBE_PATH))
@@ -110,7 +112,10 @@ def compare(reference: list, candidate: list, *, tol: float) -> dict:
     for i, (a, b) in enumerate(zip(reference, candidate)):
         for t, (ta, tb) in enumerate(zip(a["output_ids"], b["output_ids"])):
             if ta != tb:
-                tied = all(len(r["top2"][t]) == 2 and r["top2"][t][0] - r["top2"][t][1] <= tol for r in (a, b))
+                tied = all(
+                    len(r["top2"][t]) == 2 and r["top2"][t][0] - r["top2"][t][1] <= tol
+                    for r in (a, b)
+                )
                 if tied:
                     splits += 1
                 else:
@@ -131,7 +136,11 @@ def compare(reference: list, candidate: list, *, tol: float) -> dict:
 
 def max_logprob_diff(a: list, b: list) -> float:
     return max(
-        (abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra["output_logprobs"], rb["output_logprobs"])),
+        (
+            abs(x - y)
+            for ra, rb in zip(a, b)
+            for x, y in zip(ra["output_logprobs"], rb["output_logprobs"])
+        ),
         default=0.0,
     )
 
@@ -139,4 +148,6 @@ def max_logprob_diff(a: list, b: list) -> float:
 def write_result(name: str, payload: dict) -> None:
     out = Path(os.environ.get("OUT") or HERE / ".results")
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    (out / f"{name}.json").write_text(
+        json.dumps(payload, indent=2, sort_keys=True) + "\n"
+    )

@@ -48,8 +48,16 @@ PROMPTS = dsa_prompts(0, PROMPT_LENS)
 # bucket fits it, so it prefills eagerly. Its counter snapshot is the baseline
 # after startup (capture included).
 WARMUP = {"input_ids": dsa_prompts(1, [64]), "max_new_tokens": 1, "lora_path": ADAPTER}
-WITH_ADAPTER = {"input_ids": PROMPTS, "max_new_tokens": MAX_NEW_TOKENS, "lora_path": ADAPTER}
-WITHOUT_ADAPTER = {"input_ids": PROMPTS, "max_new_tokens": MAX_NEW_TOKENS, "lora_path": None}
+WITH_ADAPTER = {
+    "input_ids": PROMPTS,
+    "max_new_tokens": MAX_NEW_TOKENS,
+    "lora_path": ADAPTER,
+}
+WITHOUT_ADAPTER = {
+    "input_ids": PROMPTS,
+    "max_new_tokens": MAX_NEW_TOKENS,
+    "lora_path": None,
+}
 ENV = {"SGLANG_DISABLE_DSA_INDEXER_FUSION": "1"}
 
 assert min(PROMPT_LENS) > INDEX_TOPK and max(PROMPT_LENS) + MAX_NEW_TOKENS < CONTEXT
@@ -91,7 +99,9 @@ def dsa_paths(tmp_path_factory):
 def graph_run(dsa_paths):
     """Default (breakable) prefill graph: only the capture buckets are set."""
     before = probe_count(COUNTER)
-    kwargs = _engine_kwargs(*dsa_paths, {"max_bs": max(PREFILL_BUCKETS), "bs": PREFILL_BUCKETS})
+    kwargs = _engine_kwargs(
+        *dsa_paths, {"max_bs": max(PREFILL_BUCKETS), "bs": PREFILL_BUCKETS}
+    )
     warmup, with_adapter, without_adapter = run_engine(
         kwargs, [WARMUP, WITH_ADAPTER, WITHOUT_ADAPTER], env=ENV
     )
@@ -115,7 +125,10 @@ def _first_step_diffs(a, b):
     """Per prompt: (same first token, |logprob difference|) of the first generated
     token, which only the prefill decides."""
     return [
-        (ra["output_ids"][0] == rb["output_ids"][0], abs(ra["output_logprobs"][0] - rb["output_logprobs"][0]))
+        (
+            ra["output_ids"][0] == rb["output_ids"][0],
+            abs(ra["output_logprobs"][0] - rb["output_logprobs"][0]),
+        )
         for ra, rb in zip(a, b)
     ]
 
@@ -125,7 +138,9 @@ def test_breakable_engine_starts_and_captures_the_lora_split_op(graph_run):
     LoRA-owned weights_proj: where upstream raised."""
     captured = _counts(graph_run["warmup"]) - graph_run["before"]
     write_result("dsa_lora_startup", {"capture_head_gate_calls": captured})
-    assert captured >= NUM_LAYERS, "capture never reached the indexer split op's head gate"
+    assert captured >= NUM_LAYERS, (
+        "capture never reached the indexer split op's head gate"
+    )
 
 
 def test_breakable_prefill_graph_matches_eager_with_adapter(graph_run, eager_run):
@@ -161,11 +176,17 @@ def test_adapter_changes_outputs(graph_run, eager_run):
             "tol": TOL,
             "graph_without_vs_with": self_report,
             "eager_with_vs_graph_without": eager_report,
-            "first_step_graph_without_vs_with": _first_step_diffs(graph_run["without"], graph_run["with"]),
+            "first_step_graph_without_vs_with": _first_step_diffs(
+                graph_run["without"], graph_run["with"]
+            ),
         },
     )
-    assert self_report["mismatches"], f"the adapter changed nothing beyond tol={TOL}: {self_report}"
-    assert eager_report["mismatches"], f"dropping the adapter in the graph would pass: {eager_report}"
+    assert self_report["mismatches"], (
+        f"the adapter changed nothing beyond tol={TOL}: {self_report}"
+    )
+    assert eager_report["mismatches"], (
+        f"dropping the adapter in the graph would pass: {eager_report}"
+    )
 
 
 def test_graph_split_op_applies_the_lora_head_gate(graph_run, eager_run):
@@ -176,7 +197,10 @@ def test_graph_split_op_applies_the_lora_head_gate(graph_run, eager_run):
     eager_calls = _counts(eager_run["with"]) - eager_run["before"]
     write_result(
         "dsa_lora_graph_path",
-        {"graph_adapter_batch_head_gate_calls": graph_calls, "eager_engine_head_gate_calls": eager_calls},
+        {
+            "graph_adapter_batch_head_gate_calls": graph_calls,
+            "eager_engine_head_gate_calls": eager_calls,
+        },
     )
     # One call per layer for each prefill forward replayed from the graph.
     assert graph_calls >= NUM_LAYERS and graph_calls % NUM_LAYERS == 0, graph_calls

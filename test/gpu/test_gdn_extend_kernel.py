@@ -75,7 +75,9 @@ def _pools():
 
 def _eager(layer, conv, ssm, x, a, b, lens, slots, prefix, track):
     """GDNAttnBackend.forward_extend's plain-extend path, plus its track copies."""
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+    cu = torch.tensor(
+        [0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV
+    )
     idx = torch.tensor(slots, dtype=torch.int32, device=DEV)
     has_init = torch.tensor(prefix, device=DEV) > 0
     windows = _eager_conv_windows(x, cu, lens, prefix, track)
@@ -204,7 +206,10 @@ def _run_batch(layer, captured, batch_id, corrupt=None):
         "output": (out.float() - ref.float()).abs().max().item(),
         "output_scale": ref.float().abs().max().item(),
         # Slot 0 is the reserved padding slot: untracked rows' snapshot writes land there.
-        "conv_state": (captured.conv[1:].float() - conv_e[1:].float()).abs().max().item(),
+        "conv_state": (captured.conv[1:].float() - conv_e[1:].float())
+        .abs()
+        .max()
+        .item(),
         "ssm_state": (captured.ssm - ssm_e).abs().max().item(),
         "tracked_rows": 0 if track is None else len(track.conv_rows),
     }
@@ -213,7 +218,10 @@ def _run_batch(layer, captured, batch_id, corrupt=None):
 def test_replayed_graph_matches_eager_extend(captured):
     layer, graph = captured
     diffs = {f"batch{i}": _run_batch(layer, graph, i) for i in range(len(BATCHES))}
-    write_result("gdn_extend_kernel", {"bucket": BUCKET, "max_seqs": MAX_SEQS, "max_abs_diff": diffs})
+    write_result(
+        "gdn_extend_kernel",
+        {"bucket": BUCKET, "max_seqs": MAX_SEQS, "max_abs_diff": diffs},
+    )
     for d in diffs.values():
         assert d["output"] <= 2e-2 * max(1.0, d["output_scale"]), d
         assert d["conv_state"] <= 2e-2 and d["ssm_state"] <= 2e-2, d
@@ -222,6 +230,11 @@ def test_replayed_graph_matches_eager_extend(captured):
 def test_wrong_state_slot_is_detected(captured):
     """Can-fail control: the same replay pointed at the padding state slot."""
     layer, graph = captured
-    d = _run_batch(layer, graph, 0, corrupt=lambda m: m.cache_indices.masked_fill_(m.cache_indices >= 0, 0))
+    d = _run_batch(
+        layer,
+        graph,
+        0,
+        corrupt=lambda m: m.cache_indices.masked_fill_(m.cache_indices >= 0, 0),
+    )
     write_result("gdn_extend_kernel_wrong_state", {"max_abs_diff": d})
     assert d["output"] > 2e-2 * max(1.0, d["output_scale"]) or d["ssm_state"] > 2e-2, d

@@ -83,7 +83,9 @@ def test_wrong_graph_state_changes_outputs(qwen3_next_path, graph, eager):
         env={"GRAPHFIX_PROBE_FAULT": "gdn_wrong_state"},
     )
     per_batch = [compare(e, f, tol=TOL) for e, f in zip(eager, results)]
-    write_result("hybrid_gdn_full_prefill_wrong_state", {"tolerance": TOL, "batches": per_batch})
+    write_result(
+        "hybrid_gdn_full_prefill_wrong_state", {"tolerance": TOL, "batches": per_batch}
+    )
     replayed = [r for r, n in zip(per_batch, graph[1]) if n]
     assert replayed and all(r["mismatches"] for r in replayed), per_batch
 

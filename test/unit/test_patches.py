@@ -31,7 +31,9 @@ def test_other_sglang_version_is_refused_and_nothing_patched(monkeypatch):
         raise AssertionError("patches applied for the wrong sglang")
 
     monkeypatch.setattr("sglang_graphfix.patches.apply_patches", must_not_run)
-    with pytest.raises(RuntimeError, match=r"sglang==0\.5\.23 only, found sglang==0\.5\.24"):
+    with pytest.raises(
+        RuntimeError, match=r"sglang==0\.5\.23 only, found sglang==0\.5\.24"
+    ):
         sglang_graphfix.register()
 
 
@@ -42,7 +44,11 @@ def test_missing_target_patches_nothing():
         apply_patches(
             [
                 Patch(real, _noop_hook, HookType.AROUND),
-                Patch("sglang.srt.arg_groups.cuda_graph_hook.no_such_fn", _noop_hook, HookType.AROUND),
+                Patch(
+                    "sglang.srt.arg_groups.cuda_graph_hook.no_such_fn",
+                    _noop_hook,
+                    HookType.AROUND,
+                ),
             ]
         )
     assert _lookup(real) is before
@@ -61,7 +67,9 @@ def test_hook_that_fails_to_apply_raises():
 
 def test_sglang_plugin_loader_runs_the_entry_point(monkeypatch, caplog):
     eps = importlib.metadata.entry_points(group="sglang.srt.plugins")
-    assert [ep.value for ep in eps if ep.name == "graphfix"] == ["sglang_graphfix:register"]
+    assert [ep.value for ep in eps if ep.name == "graphfix"] == [
+        "sglang_graphfix:register"
+    ]
     monkeypatch.setattr(sglang_plugins, "_plugins_loaded", False)
     monkeypatch.setenv("SGLANG_PLUGINS", "graphfix")
     with caplog.at_level(logging.INFO, logger="sglang.srt.plugins"):

@@ -27,8 +27,12 @@ def register():
     sglang_graphfix.register()  # wrap on top of the real patches
 
     from sglang.srt.layers.attention.dsa.dsa_indexer import Indexer
-    from sglang_graphfix.srt.layers.attention import hybrid_linear_attn_backend as hybrid
-    from sglang_graphfix.srt.layers.attention.dsa.dsa_indexer import weights_proj_has_lora
+    from sglang_graphfix.srt.layers.attention import (
+        hybrid_linear_attn_backend as hybrid,
+    )
+    from sglang_graphfix.srt.layers.attention.dsa.dsa_indexer import (
+        weights_proj_has_lora,
+    )
 
     fill = hybrid.prepare_full_prefill_graph_tables
     wrong_state = os.environ.get("GRAPHFIX_PROBE_FAULT") == "gdn_wrong_state"

@@ -46,7 +46,9 @@ def test_family_matches_the_backend_sglang_builds(tmp_path, family):
 
 @pytest.mark.parametrize("family", CAPTURABLE)
 def test_explicit_full_prefill_graph_is_kept(tmp_path, family):
-    args = _server_args(tmp_path, family, cuda_graph_config={"prefill": {"backend": "full"}})
+    args = _server_args(
+        tmp_path, family, cuda_graph_config={"prefill": {"backend": "full"}}
+    )
     handle_cuda_graph_config(args)
     assert _prefill_backend(args) == Backend.FULL
 
@@ -54,7 +56,9 @@ def test_explicit_full_prefill_graph_is_kept(tmp_path, family):
 @pytest.mark.parametrize("family", NOT_CAPTURABLE)
 def test_explicit_full_prefill_graph_is_rejected_with_the_flag_to_use(tmp_path, family):
     arch = FAMILIES[family][1]
-    args = _server_args(tmp_path, family, cuda_graph_config={"prefill": {"backend": "full"}})
+    args = _server_args(
+        tmp_path, family, cuda_graph_config={"prefill": {"backend": "full"}}
+    )
     with pytest.raises(ValueError) as err:
         handle_cuda_graph_config(args)
     message = str(err.value)
@@ -64,11 +68,15 @@ def test_explicit_full_prefill_graph_is_rejected_with_the_flag_to_use(tmp_path, 
 
 def test_upstream_validation_alone_accepts_it(tmp_path):
     """What the fix adds: upstream's validation passes the same request."""
-    args = _server_args(tmp_path, "nemotron_h", cuda_graph_config={"prefill": {"backend": "full"}})
+    args = _server_args(
+        tmp_path, "nemotron_h", cuda_graph_config={"prefill": {"backend": "full"}}
+    )
     declare_resolution(
         args,
         "test",
-        cuda_graph_config=with_phase(default_cuda_graph_config(), Phase.PREFILL, backend=Backend.FULL),
+        cuda_graph_config=with_phase(
+            default_cuda_graph_config(), Phase.PREFILL, backend=Backend.FULL
+        ),
     )
     validate_cuda_graph_config.__wrapped__(args)
     with pytest.raises(ValueError):
@@ -87,7 +95,9 @@ def _automatic_full(args):
     declare_resolution(
         args,
         "test",
-        cuda_graph_config=with_phase(default_cuda_graph_config(), Phase.PREFILL, backend=Backend.FULL),
+        cuda_graph_config=with_phase(
+            default_cuda_graph_config(), Phase.PREFILL, backend=Backend.FULL
+        ),
     )
     args._cuda_graph_config_locked = set()
 

@@ -5,12 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from srt.layers.attention.linear.test_gdn_backend import (  # noqa: F401 (fixture)
-    BUCKET,
-    _capture_view,
-    _gdn,
-    _runtime_probes,
-)
+from gdn_stub import BUCKET, capture_view, make_gdn
 
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
     HybridLinearAttnBackend,
@@ -36,20 +31,20 @@ def _hybrid(linear):
 
 
 def test_plain_extend_on_gdn_plans_full_attention_and_fills_gdn_tables():
-    gdn = _gdn()
+    gdn = make_gdn()
     hybrid = _hybrid(gdn)
-    hybrid.init_forward_metadata_out_graph(_capture_view(), in_capture=True)
+    hybrid.init_forward_metadata_out_graph(capture_view(), in_capture=True)
     assert hybrid.full_attn_backend.calls == [(ForwardMode.EXTEND, True)]
     assert gdn.full_prefill_graph_capture is gdn.full_prefill_graph_tables[BUCKET]
 
 
 def test_upstream_crashes_on_the_same_call():
     """The reported failure, reproduced on upstream's method."""
-    gdn = _gdn()
+    gdn = make_gdn()
     gdn.state_indices_list = []  # init_cuda_graph_state has not run
     gdn._fused_state_indices_ok = False
     gdn.replayssm_write_pos_list = None
-    view = _capture_view()
+    view = capture_view()
     view.spec_info, view.seq_lens_cpu = None, None
     with pytest.raises(IndexError, match="list index out of range"):
         HybridLinearAttnBackend.init_forward_metadata_out_graph.__wrapped__(
@@ -66,7 +61,7 @@ def test_upstream_crashes_on_the_same_call():
     ],
 )
 def test_every_other_call_takes_the_upstream_path(linear_cls, mode):
-    linear = linear_cls.__new__(linear_cls) if linear_cls else _gdn()
+    linear = linear_cls.__new__(linear_cls) if linear_cls else make_gdn()
     linear.init_forward_metadata_out_graph = _Recorder().init_forward_metadata_out_graph
     recorded = linear.init_forward_metadata_out_graph.__self__.calls
     hybrid = _hybrid(linear)

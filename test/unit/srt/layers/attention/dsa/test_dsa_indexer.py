@@ -49,7 +49,8 @@ class _LoRAWeightsProj(torch.nn.Module):
         super().__init__()
         g = torch.Generator().manual_seed(0)
         self.weight = torch.nn.Parameter(
-            (0.02 * torch.randn(N_HEADS, HIDDEN, generator=g)).bfloat16(), requires_grad=False
+            (0.02 * torch.randn(N_HEADS, HIDDEN, generator=g)).bfloat16(),
+            requires_grad=False,
         )
         self.lora_a = (torch.randn(RANK, HIDDEN, generator=g) / HIDDEN**0.5).bfloat16()
         self.lora_b = torch.randn(N_HEADS, RANK, generator=g).bfloat16()
@@ -64,7 +65,9 @@ class _LoRAWeightsProj(torch.nn.Module):
         return out, None
 
 
-def _indexer(*, lora: bool = True, fusion: bool = False, prefill_cp: bool = False) -> Indexer:
+def _indexer(
+    *, lora: bool = True, fusion: bool = False, prefill_cp: bool = False
+) -> Indexer:
     """An Indexer with the attributes forward_cuda, the split op and the head gate
     read; __init__ itself needs a GPU (rope cache, SM count, DeepGEMM)."""
     indexer = Indexer.__new__(Indexer)
@@ -88,7 +91,9 @@ def _indexer(*, lora: bool = True, fusion: bool = False, prefill_cp: bool = Fals
         self.bare_gemm_calls += 1
         return x.float() @ self.weights_proj.weight.float().t()
 
-    indexer._weights_proj_bf16_in_fp32_out = types.MethodType(cuda_weights_proj_bf16_in_fp32_out, indexer)
+    indexer._weights_proj_bf16_in_fp32_out = types.MethodType(
+        cuda_weights_proj_bf16_in_fp32_out, indexer
+    )
     return indexer
 
 
@@ -108,7 +113,9 @@ def _lora_gate(indexer, x, q_scale):
 
 
 def _bare_gate(indexer, x, q_scale):
-    weights = (x.float() @ indexer.weights_proj.weight.float().t()) * indexer.n_heads**-0.5
+    weights = (
+        x.float() @ indexer.weights_proj.weight.float().t()
+    ) * indexer.n_heads**-0.5
     return weights.unsqueeze(-1) * q_scale * indexer.softmax_scale
 
 
@@ -164,7 +171,9 @@ def split_op_calls(monkeypatch):
     def recorder(kind):
         def split_op(**kwargs):
             topk = kwargs["topk_result"]
-            calls.append({"op": kind, "all_invalid_on_entry": bool((topk == -1).all()), **kwargs})
+            calls.append(
+                {"op": kind, "all_invalid_on_entry": bool((topk == -1).all()), **kwargs}
+            )
             topk.fill_(7)
 
         return split_op
@@ -175,7 +184,9 @@ def split_op_calls(monkeypatch):
 
 
 def _q_k_bf16(query, key):
-    def get_q_k_bf16(self, q_lora, x, positions, enable_dual_stream, forward_batch=None):
+    def get_q_k_bf16(
+        self, q_lora, x, positions, enable_dual_stream, forward_batch=None
+    ):
         return query, key, None
 
     return get_q_k_bf16
@@ -200,7 +211,10 @@ def _describe(call):
 # --------------------------------------------------------------------------- #
 
 
-@pytest.mark.parametrize("fusion, set_lora, expected", [(False, True, True), (False, False, False), (True, True, False)])
+@pytest.mark.parametrize(
+    "fusion, set_lora, expected",
+    [(False, True, True), (False, False, False), (True, True, False)],
+)
 def test_weights_proj_has_lora(fusion, set_lora, expected):
     indexer = _indexer(lora=set_lora, fusion=fusion)
     assert bool(ours.weights_proj_has_lora(indexer)) is expected
@@ -216,7 +230,9 @@ def test_head_gate_applies_the_lora_delta():
     torch.testing.assert_close(gate, _lora_gate(indexer, x, q_scale))
     assert indexer.bare_gemm_calls == 0, "upstream's bare-weight gate ran"
     bare = _bare_gate(indexer, x, q_scale)
-    assert (gate - bare).abs().max() > 3 * bare.abs().max(), "the delta is not in the gate"
+    assert (gate - bare).abs().max() > 3 * bare.abs().max(), (
+        "the delta is not in the gate"
+    )
 
 
 def test_upstream_head_gate_drops_the_lora_delta():
@@ -249,7 +265,9 @@ def test_head_gate_refuses_quantized_activations_with_lora():
     indexer = _indexer(lora=True)
     x, _, _ = _inputs()
     with pytest.raises(RuntimeError, match=GRAPH_ERROR):
-        indexer._get_logits_head_gate((x, torch.ones(ROWS, 1)), torch.ones(ROWS, N_HEADS, 1))
+        indexer._get_logits_head_gate(
+            (x, torch.ones(ROWS, 1)), torch.ones(ROWS, N_HEADS, 1)
+        )
 
 
 # --------------------------------------------------------------------------- #
@@ -266,7 +284,10 @@ def test_upstream_refuses_weights_proj_lora_on_the_split_op_surface(split_op_cal
     assert split_op_calls == []
 
 
-_GRAPHS = {"breakable": (enable_breakable_cuda_graph, "bcg"), "piecewise": (enable_tc_piecewise_cuda_graph, "pcg")}
+_GRAPHS = {
+    "breakable": (enable_breakable_cuda_graph, "bcg"),
+    "piecewise": (enable_tc_piecewise_cuda_graph, "pcg"),
+}
 
 
 @pytest.mark.parametrize("graph", sorted(_GRAPHS))
@@ -304,7 +325,11 @@ def test_lora_dispatches_the_split_op_like_upstream_does_without_lora(
         torch.int32,
         True,
     )
-    assert ours_call["x"] is x and ours_call["q_lora"] is q_lora and ours_call["positions"] is positions
+    assert (
+        ours_call["x"] is x
+        and ours_call["q_lora"] is q_lora
+        and ours_call["positions"] is positions
+    )
     if return_indices:
         # The static buffer the split op filled in place is the layer's result.
         assert result is ours_call["topk_result"] and bool((result == 7).all())
@@ -317,11 +342,15 @@ def test_lora_dispatches_the_split_op_like_upstream_does_without_lora(
     "case",
     ["decode", "prefill_cp"],
 )
-def test_lora_off_the_split_op_surface_runs_upstream(case, split_op_calls, upstream_body_runs):
+def test_lora_off_the_split_op_surface_runs_upstream(
+    case, split_op_calls, upstream_body_runs
+):
     """Graph paths with no split op keep upstream's behaviour, its refusal included."""
     indexer = _indexer(lora=True, prefill_cp=case == "prefill_cp")
     query = torch.randn(ROWS, N_HEADS, HEAD_DIM).bfloat16()
-    indexer._get_q_k_bf16 = types.MethodType(_q_k_bf16(query, torch.randn(ROWS, HEAD_DIM)), indexer)
+    indexer._get_q_k_bf16 = types.MethodType(
+        _q_k_bf16(query, torch.randn(ROWS, HEAD_DIM)), indexer
+    )
     mode = ForwardMode.DECODE if case == "decode" else ForwardMode.EXTEND
     x, q_lora, positions = _inputs()
 
@@ -341,8 +370,13 @@ def test_lora_eager_forward_runs_upstream(split_op_calls):
         return None
 
     backend = SimpleNamespace(get_indexer_metadata=get_indexer_metadata)
-    with forward_context(ForwardContext(attn_backend=backend)), enable_breakable_cuda_graph():
-        result = indexer.forward_cuda(x, q_lora, positions, _batch(), LAYER, use_cuda_graph=False)
+    with (
+        forward_context(ForwardContext(attn_backend=backend)),
+        enable_breakable_cuda_graph(),
+    ):
+        result = indexer.forward_cuda(
+            x, q_lora, positions, _batch(), LAYER, use_cuda_graph=False
+        )
     # Upstream's eager path: it looks up the layer's indexer metadata and, with
     # none, returns before any projection.
     assert lookups == [LAYER] and result is None
@@ -360,7 +394,11 @@ def test_breakable_replay_feeds_the_lora_gate_to_the_topk(monkeypatch):
     through the patched _get_logits_head_gate, LoRA delta included, and hands it
     to the ragged top-k."""
     # At a replay the breakable wrapper calls straight into the op's eager body.
-    monkeypatch.setattr(upstream, "bcg_dsa_indexer_prefill_split", split_ops.pcg_dsa_indexer_prefill_split.__wrapped__)
+    monkeypatch.setattr(
+        upstream,
+        "bcg_dsa_indexer_prefill_split",
+        split_ops.pcg_dsa_indexer_prefill_split.__wrapped__,
+    )
     indexer = _indexer(lora=True)
     x, q_lora, positions = _inputs()
     batch = _batch(num_tokens=ROWS - 2)  # real tokens inside the padded bucket
@@ -374,7 +412,16 @@ def test_breakable_replay_feeds_the_lora_gate_to_the_topk(monkeypatch):
     def store(self, *, forward_batch, layer_id, key, act_quant, out_cache_loc=None):
         stores.append(dict(layer_id=layer_id, key=key, out_cache_loc=out_cache_loc))
 
-    def topk_ragged(self, enable_dual_stream, forward_batch, layer_id, q_fp8, weights, metadata, topk_result=None):
+    def topk_ragged(
+        self,
+        enable_dual_stream,
+        forward_batch,
+        layer_id,
+        q_fp8,
+        weights,
+        metadata,
+        topk_result=None,
+    ):
         topks.append(dict(q_rows=q_fp8.shape[0], weights=weights, metadata=metadata))
         topk_result[: q_fp8.shape[0]] = torch.arange(TOPK, dtype=torch.int32)
         return topk_result
@@ -382,7 +429,9 @@ def test_breakable_replay_feeds_the_lora_gate_to_the_topk(monkeypatch):
     indexer._store_index_k_cache = types.MethodType(store, indexer)
     indexer._get_topk_ragged = types.MethodType(topk_ragged, indexer)
     metadata = object()
-    backend = SimpleNamespace(get_indexer_metadata=lambda layer_id, forward_batch: metadata)
+    backend = SimpleNamespace(
+        get_indexer_metadata=lambda layer_id, forward_batch: metadata
+    )
     graph_context = set_tc_piecewise_forward_context(
         forward_batch=batch,
         attention_layers=[],
@@ -392,10 +441,16 @@ def test_breakable_replay_feeds_the_lora_gate_to_the_topk(monkeypatch):
         dsa_indexers=[indexer],
     )
 
-    with forward_context(ForwardContext(attn_backend=backend)), graph_context, enable_breakable_cuda_graph():
+    with (
+        forward_context(ForwardContext(attn_backend=backend)),
+        graph_context,
+        enable_breakable_cuda_graph(),
+    ):
         result = indexer.forward_cuda(x, q_lora, positions, batch, LAYER)
         with pytest.raises(RuntimeError, match=GRAPH_ERROR):
-            Indexer.forward_cuda.__wrapped__(indexer, x, q_lora, positions, batch, LAYER)
+            Indexer.forward_cuda.__wrapped__(
+                indexer, x, q_lora, positions, batch, LAYER
+            )
 
     (topk,) = topks
     _, q_scale = _act_quant(query, indexer.block_size, indexer.scale_fmt)
@@ -406,7 +461,11 @@ def test_breakable_replay_feeds_the_lora_gate_to_the_topk(monkeypatch):
     assert topk["metadata"] is metadata and topk["q_rows"] == n
     (stored,) = stores
     assert stored["layer_id"] == LAYER
-    assert torch.equal(stored["key"], key[:n]) and torch.equal(stored["out_cache_loc"], batch.out_cache_loc[:n])
+    assert torch.equal(stored["key"], key[:n]) and torch.equal(
+        stored["out_cache_loc"], batch.out_cache_loc[:n]
+    )
     assert result.shape == (ROWS, TOPK) and result.dtype == torch.int32
-    assert torch.equal(result[:n], torch.arange(TOPK, dtype=torch.int32).expand(n, TOPK))
+    assert torch.equal(
+        result[:n], torch.arange(TOPK, dtype=torch.int32).expand(n, TOPK)
+    )
     assert bool((result[n:] == -1).all()), "padded rows must keep the -1 sentinel"

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from gdn_stub import BUCKET, CHUNK, SLOTS_PER_GRAPH, WINDOW, capture_view, make_gdn
 
 from sglang.kernels.ops.attention.fla.index import (
     prepare_chunk_indices,
@@ -22,8 +23,6 @@ from sglang.kernels.ops.mamba.kda_prefill_track import (
     TRACK_NONE,
 )
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase
-from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
-from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.runner_utils.prefill_graph import prefill_graph_scope
 from sglang_graphfix.srt.layers.attention.linear import gdn_backend as ours
@@ -31,56 +30,6 @@ from sglang_graphfix.srt.layers.attention.linear.gdn_prefill_graph import (
     chunk_state_rows,
     conv_window_rows,
 )
-
-BUCKET, SLOTS_PER_GRAPH, WINDOW, CHUNK = 256, 4, 3, 64
-# Request-pool row -> mamba slot; row 0 is the padding row.
-MAPPING = [0, 5, 9, 2, 7]
-
-
-class _Pool:
-    """req_to_token_pool stand-in: a row->slot map, identity virtual->physical."""
-
-    enable_mamba_extra_buffer = True
-
-    def get_mamba_indices(self, rows):
-        return torch.tensor(MAPPING, dtype=torch.int32)[rows]
-
-    def translate_mamba_indices(self, indices):
-        return indices
-
-
-def _gdn(extend_kernel=None, enable_mis=False):
-    backend = GDNAttnBackend.__new__(GDNAttnBackend)
-    backend.req_to_token_pool = _Pool()
-    backend.device = torch.device("cpu")
-    backend.kernel_dispatcher = SimpleNamespace(extend_kernel=extend_kernel or TritonGDNKernel())
-    backend.enable_mis = enable_mis
-    backend.conv_states_shape = (3, len(MAPPING), 1024, WINDOW)
-    backend._mamba_chunk_size = CHUNK
-    return backend
-
-
-@pytest.fixture(autouse=True)
-def _runtime_probes(monkeypatch):
-    """The published runtime config these paths read, and host pinning (CUDA only)."""
-    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *args, **kwargs: self)
-    monkeypatch.setattr(ours, "get_memory", lambda: SimpleNamespace(enable_page_major_kv_layout=False))
-    monkeypatch.setattr(ours, "mamba_cache_chunk_size", lambda: CHUNK)
-    monkeypatch.setattr("sglang.srt.model_executor.forward_batch_info.mamba_cache_chunk_size", lambda: CHUNK)
-
-
-def _capture_view():
-    """What PrefillCudaGraphRunner.capture_prepare builds for a full graph."""
-    return SimpleNamespace(
-        forward_mode=ForwardMode.EXTEND,
-        input_ids=torch.zeros(BUCKET, dtype=torch.int64),
-        batch_size=SLOTS_PER_GRAPH,
-        extend_seq_lens_cpu=[BUCKET, 0, 0, 0],
-        req_pool_indices=torch.arange(SLOTS_PER_GRAPH),
-        extend_prefix_lens=torch.zeros(SLOTS_PER_GRAPH, dtype=torch.int64),
-        mamba_track_mask=torch.zeros(SLOTS_PER_GRAPH, dtype=torch.bool),
-        mamba_track_indices=torch.zeros(SLOTS_PER_GRAPH, dtype=torch.int64),
-    )
 
 
 LENS, PREFIX, TRACK_SEQ_LENS = [37, 100, 110], [0, 10, 3], [37, 74, 113]
@@ -103,7 +52,9 @@ def _live_batch():
         mamba_prefill_track_mask_cpu=TRACKED,
         mamba_track_seqlens_cpu=TRACK_SEQ_LENS,
     )
-    batch.mamba_track_aligned_lens = types.MethodType(ForwardBatch.mamba_track_aligned_lens, batch)
+    batch.mamba_track_aligned_lens = types.MethodType(
+        ForwardBatch.mamba_track_aligned_lens, batch
+    )
     return batch
 
 
@@ -118,15 +69,21 @@ def _replay_view(live):
 
 
 def _captured_then_replayed(backend):
-    ours.prepare_full_prefill_graph_tables(backend, _capture_view(), in_capture=True)
+    ours.prepare_full_prefill_graph_tables(backend, capture_view(), in_capture=True)
     live = _live_batch()
-    meta = ours.prepare_full_prefill_graph_tables(backend, _replay_view(live), in_capture=False)
-    assert meta is backend.full_prefill_graph_tables[BUCKET] is backend.full_prefill_graph_capture
+    meta = ours.prepare_full_prefill_graph_tables(
+        backend, _replay_view(live), in_capture=False
+    )
+    assert (
+        meta
+        is backend.full_prefill_graph_tables[BUCKET]
+        is backend.full_prefill_graph_capture
+    )
     return meta, live
 
 
 def test_replay_tables_describe_the_real_batch():
-    meta, _ = _captured_then_replayed(_gdn())
+    meta, _ = _captured_then_replayed(make_gdn())
     cu_real = torch.tensor([0, 37, 137, 247])
     n = len(LENS)
     assert meta.max_seqs == SLOTS_PER_GRAPH and meta.num_tokens == BUCKET
@@ -134,21 +91,30 @@ def test_replay_tables_describe_the_real_batch():
     assert int(meta.num_logical_tokens) == 247
     eager_chunks = prepare_chunk_indices(cu_real, CHUNK)
     assert meta.chunk_indices[: len(eager_chunks)].tolist() == eager_chunks.tolist()
-    assert (meta.chunk_indices[len(eager_chunks):, 1] >= BUCKET).all()  # past every sequence
-    assert meta.chunk_offsets[: n + 1].tolist() == prepare_chunk_offsets(cu_real, CHUNK).tolist()
+    assert (
+        meta.chunk_indices[len(eager_chunks) :, 1] >= BUCKET
+    ).all()  # past every sequence
+    assert (
+        meta.chunk_offsets[: n + 1].tolist()
+        == prepare_chunk_offsets(cu_real, CHUNK).tolist()
+    )
     assert meta.cache_indices.tolist() == [5, 9, 2, PAD_SLOT_ID]
     assert meta.has_initial_state.tolist() == [False, True, True, False]
-    blocks = [(s, b) for s, length in enumerate(LENS) for b in range(-(-length // CAUSAL_CONV1D_FWD_BLOCK_M))]
+    blocks = [
+        (s, b)
+        for s, length in enumerate(LENS)
+        for b in range(-(-length // CAUSAL_CONV1D_FWD_BLOCK_M))
+    ]
     assert [tuple(r) for r in meta.conv_block_table[: len(blocks)].tolist()] == blocks
-    assert (meta.conv_block_table[len(blocks):, 0] == PAD_SLOT_ID).all()
+    assert (meta.conv_block_table[len(blocks) :, 0] == PAD_SLOT_ID).all()
 
 
 def test_replay_track_rows_match_the_eager_track_plan():
-    backend = _gdn()
+    backend = make_gdn()
     meta, live = _captured_then_replayed(backend)
     slots = backend.req_to_token_pool.get_mamba_indices(live.req_pool_indices)
-    (_, h_src, h_dst, _, final_src, final_dst, *_) = MambaAttnBackendBase._init_track_ssm_indices_from_cpu(
-        backend, slots, live
+    (_, h_src, h_dst, _, final_src, final_dst, *_) = (
+        MambaAttnBackendBase._init_track_ssm_indices_from_cpu(backend, slots, live)
     )
     modes = meta.track_mode.tolist()
     chunk_rows = [r for r, m in enumerate(modes) if m == TRACK_CHUNK_STATE]
@@ -161,16 +127,22 @@ def test_replay_track_rows_match_the_eager_track_plan():
     assert meta.track_dst[final_rows].tolist() == final_dst.tolist()
 
     qsl = torch.tensor([0, 37, 137, 247], dtype=torch.int32)
-    eager_windows = MambaAttnBackendBase._init_track_conv_indices(backend, qsl, live, torch.arange(3))
+    eager_windows = MambaAttnBackendBase._init_track_conv_indices(
+        backend, qsl, live, torch.arange(3)
+    )
     rows, dst = conv_window_rows(meta, WINDOW, "cpu")
     assert rows[:3].tolist() == eager_windows.tolist()
-    assert dst.tolist() == TRACK_DST + [0]  # the untracked pad row writes the padding slot
+    assert dst.tolist() == TRACK_DST + [
+        0
+    ]  # the untracked pad row writes the padding slot
     assert modes[3] == TRACK_NONE
 
 
 def test_capture_tables_track_nothing():
-    backend = _gdn()
-    meta = ours.prepare_full_prefill_graph_tables(backend, _capture_view(), in_capture=True)
+    backend = make_gdn()
+    meta = ours.prepare_full_prefill_graph_tables(
+        backend, capture_view(), in_capture=True
+    )
     assert meta.track  # the track copies are recorded for replays that track
     assert meta.track_mode.tolist() == [TRACK_NONE] * SLOTS_PER_GRAPH
     assert meta.cu_seqlens.tolist() == [0, BUCKET, BUCKET, BUCKET, BUCKET]
@@ -184,42 +156,65 @@ def test_capture_tables_track_nothing():
         ({}, True, "--enable-page-major-kv-layout"),
     ],
 )
-def test_uncapturable_gdn_extend_fails_at_capture(monkeypatch, backend_kwargs, page_major, flag):
-    monkeypatch.setattr(ours, "get_memory", lambda: SimpleNamespace(enable_page_major_kv_layout=page_major))
+def test_uncapturable_gdn_extend_fails_at_capture(
+    monkeypatch, backend_kwargs, page_major, flag
+):
+    monkeypatch.setattr(
+        ours,
+        "get_memory",
+        lambda: SimpleNamespace(enable_page_major_kv_layout=page_major),
+    )
     with pytest.raises(ValueError, match=flag) as err:
-        ours.prepare_full_prefill_graph_tables(_gdn(**backend_kwargs), _capture_view(), in_capture=True)
+        ours.prepare_full_prefill_graph_tables(
+            make_gdn(**backend_kwargs), capture_view(), in_capture=True
+        )
     assert "--cuda-graph-backend-prefill breakable" in str(err.value)
 
 
 def _layer_cache_backend():
-    backend = _gdn()
-    caches = {0: SimpleNamespace(conv=[torch.zeros(5, 8, WINDOW)], temporal=torch.zeros(5, 2, 4, 4))}
+    backend = make_gdn()
+    caches = {
+        0: SimpleNamespace(
+            conv=[torch.zeros(5, 8, WINDOW)], temporal=torch.zeros(5, 2, 4, 4)
+        )
+    }
     backend.req_to_token_pool.mamba2_layer_cache = caches.__getitem__
-    ours.prepare_full_prefill_graph_tables(backend, _capture_view(), in_capture=True)
+    ours.prepare_full_prefill_graph_tables(backend, capture_view(), in_capture=True)
     return backend, caches[0]
 
 
 def test_forward_extend_runs_on_the_tables_inside_a_full_prefill_graph(monkeypatch):
     backend, cache = _layer_cache_backend()
     calls = []
-    monkeypatch.setattr(ours, "gdn_extend_in_graph", lambda **kw: calls.append(kw) or "in-graph")
+    monkeypatch.setattr(
+        ours, "gdn_extend_in_graph", lambda **kw: calls.append(kw) or "in-graph"
+    )
     layer = SimpleNamespace(layer_id=0)
     x, a, b = torch.zeros(BUCKET, 8), torch.zeros(BUCKET, 2), torch.zeros(BUCKET, 2)
     with prefill_graph_scope(full_graph=True):
-        out = backend.forward_extend(layer=layer, forward_batch=_capture_view(), mixed_qkv=x, a=a, b=b)
+        out = backend.forward_extend(
+            layer=layer, forward_batch=capture_view(), mixed_qkv=x, a=a, b=b
+        )
         assert out == "in-graph"
         assert calls[0]["meta"] is backend.full_prefill_graph_capture
-        assert calls[0]["conv_states"] is cache.conv[0] and calls[0]["ssm_states"] is cache.temporal
+        assert (
+            calls[0]["conv_states"] is cache.conv[0]
+            and calls[0]["ssm_states"] is cache.temporal
+        )
         with pytest.raises(RuntimeError, match="hold 256 tokens"):
-            backend.forward_extend(layer=layer, forward_batch=_capture_view(), mixed_qkv=x[:128], a=a, b=b)
+            backend.forward_extend(
+                layer=layer, forward_batch=capture_view(), mixed_qkv=x[:128], a=a, b=b
+            )
 
 
 @pytest.mark.parametrize("scope", [None, False])
 def test_forward_extend_is_upstream_outside_a_full_prefill_graph(monkeypatch, scope):
     backend, _ = _layer_cache_backend()
-    monkeypatch.setattr(ours, "gdn_extend_in_graph", lambda **kw: pytest.fail("used the tables"))
+    monkeypatch.setattr(
+        ours, "gdn_extend_in_graph", lambda **kw: pytest.fail("used the tables")
+    )
     backend.forward_metadata = None  # upstream's eager body fails on this stub
-    kwargs = dict(layer=SimpleNamespace(layer_id=0), forward_batch=_capture_view(),
+    kwargs = dict(layer=SimpleNamespace(layer_id=0), forward_batch=capture_view(),
                   mixed_qkv=torch.zeros(BUCKET, 8), a=None, b=None)  # fmt: skip
     with pytest.raises(AttributeError, match="query_start_loc"):
         if scope is None:
@@ -229,9 +224,19 @@ def test_forward_extend_is_upstream_outside_a_full_prefill_graph(monkeypatch, sc
                 backend.forward_extend(**kwargs)
 
 
-def test_flashinfer_gdn_prefill_default_is_kept_off_under_full_prefill_graph(monkeypatch, caplog):
-    monkeypatch.setattr(ours, "check_cuda_graph_backend", lambda phase, backend: backend == "full")
-    assert ours.keep_triton_gdn_prefill_for_full_graph(lambda runner: "flashinfer", None) is None
+def test_flashinfer_gdn_prefill_default_is_kept_off_under_full_prefill_graph(
+    monkeypatch, caplog
+):
+    monkeypatch.setattr(
+        ours, "check_cuda_graph_backend", lambda phase, backend: backend == "full"
+    )
+    assert (
+        ours.keep_triton_gdn_prefill_for_full_graph(lambda runner: "flashinfer", None)
+        is None
+    )
     assert "Keeping the Triton GDN prefill kernel" in caplog.text
     monkeypatch.setattr(ours, "check_cuda_graph_backend", lambda phase, backend: False)
-    assert ours.keep_triton_gdn_prefill_for_full_graph(lambda runner: "flashinfer", None) == "flashinfer"
+    assert (
+        ours.keep_triton_gdn_prefill_for_full_graph(lambda runner: "flashinfer", None)
+        == "flashinfer"
+    )

@@ -1,0 +1,23 @@
+"""Runtime probes for the attention tests: the published config they read and
+host pinning (CUDA only)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from gdn_stub import CHUNK
+
+from sglang_graphfix.srt.layers.attention.linear import gdn_backend as ours
+
+
+@pytest.fixture(autouse=True)
+def runtime_probes(monkeypatch):
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *args, **kwargs: self)
+    monkeypatch.setattr(
+        ours, "get_memory", lambda: SimpleNamespace(enable_page_major_kv_layout=False)
+    )
+    monkeypatch.setattr(ours, "mamba_cache_chunk_size", lambda: CHUNK)
+    monkeypatch.setattr(
+        "sglang.srt.model_executor.forward_batch_info.mamba_cache_chunk_size",
+        lambda: CHUNK,
+    )
