@@ -35,6 +35,7 @@ from sglang.kernels.ops.attention.triton_gdn_fused_proj import (
 )
 from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_fn
 from sglang.kernels.ops.mamba.kda_prefill_track import TRACK_NONE, kda_track_ssm_state
+from sglang.srt.layers.attention.linear.gdn_backend import MAX_FUSED_QKV_SPLIT_DIM
 from sglang.srt.layers.attention.linear.kda_prefill_graph import (
     KDA_CHUNK_SIZE,
     KDAPrefillGraphMetadata,
@@ -44,8 +45,6 @@ from sglang.srt.layers.attention.linear.kda_prefill_graph import (
 # FLA delta-rule chunk of 64 tokens.
 assert KDA_CHUNK_SIZE == CHUNK_SIZE, (KDA_CHUNK_SIZE, CHUNK_SIZE)
 
-# Same bound as gdn_backend.MAX_FUSED_QKV_SPLIT_DIM.
-_MAX_FUSED_QKV_SPLIT_DIM = 8192
 # Untracked rows of a snapshot scatter land in the reserved mamba padding slot.
 _PADDING_SLOT = 0
 
@@ -81,7 +80,7 @@ def gdn_extend_in_graph(
         block_table=meta.conv_block_table,
     ).transpose(0, 1)
 
-    if layer.q_dim + layer.k_dim + layer.v_dim <= _MAX_FUSED_QKV_SPLIT_DIM:
+    if layer.q_dim + layer.k_dim + layer.v_dim <= MAX_FUSED_QKV_SPLIT_DIM:
         q, k, v = fused_qkv_split_gdn_prefill(
             x,
             layer.num_q_heads,
