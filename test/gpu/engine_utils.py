@@ -134,17 +134,6 @@ def compare(reference: list, candidate: list, *, tol: float) -> dict:
     }
 
 
-def max_logprob_diff(a: list, b: list) -> float:
-    return max(
-        (
-            abs(x - y)
-            for ra, rb in zip(a, b)
-            for x, y in zip(ra["output_logprobs"], rb["output_logprobs"])
-        ),
-        default=0.0,
-    )
-
-
 def write_result(name: str, payload: dict) -> None:
     out = Path(os.environ.get("OUT") or HERE / ".results")
     out.mkdir(parents=True, exist_ok=True)
