@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""HybridLinearAttnBackend metadata for full prefill CUDA graphs.
+"""HybridLinearAttnBackend and its linear backends under full prefill CUDA graphs.
 
 Fixes sglang/srt/layers/attention/hybrid_linear_attn_backend.py: the full prefill
 runner plans a plain EXTEND out of graph through init_forward_metadata_out_graph,
@@ -11,39 +11,144 @@ allocates (init_cuda_graph_state), so the first prefill capture fails with
 
 from __future__ import annotations
 
+import inspect
+
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
     HybridLinearAttnBackend,
 )
 from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang_graphfix.srt.layers.attention.linear.gdn_backend import (
     prepare_full_prefill_graph_tables,
 )
+from sglang_graphfix.srt.layers.attention.linear.kda_backend import (
+    prepare_kda_full_prefill_graph_tables,
+)
 
 
 # What:    Wraps HybridLinearAttnBackend.init_forward_metadata_out_graph for a
-#          plain EXTEND on a GDN model (the full prefill graph's capture/replay).
+#          plain EXTEND on a GDN or KDA model (the full prefill graph's
+#          capture/replay).
 # Why:     The linear side's _replay_metadata handles decode/verify only and
 #          reads state_indices_list[bs - 1], which nothing has allocated when the
 #          prefill graph captures (before the decode runner):
 #          "IndexError: list index out of range".
-# How:     Plan the full-attention side as before; give the GDN side its own
-#          per-token-bucket tables (prepare_full_prefill_graph_tables). Decode's
-#          per-batch-size buffers stay decode's. Every other mode and backend,
-#          including Inkling's capturable sidecar, takes the upstream path.
+# How:     Plan the full-attention side as before; give the linear side its own
+#          per-token-bucket tables (GDN: prepare_full_prefill_graph_tables; KDA:
+#          upstream's breakable-graph tables, prepare_kda_full_prefill_graph_tables).
+#          Decode's per-batch-size buffers stay decode's. Every other mode and
+#          backend, including Inkling's capturable sidecar, takes the upstream path.
 # Upstream: sglang/srt/layers/attention/hybrid_linear_attn_backend.py::HybridLinearAttnBackend.init_forward_metadata_out_graph
 # Removal: once upstream plans linear-attention extend for full prefill graphs.
 def linear_extend_tables_for_full_prefill_graph(
     original, self, forward_batch: ForwardBatch, in_capture: bool = False
 ):
+    linear = self.linear_attn_backend
     if not (
-        isinstance(self.linear_attn_backend, GDNAttnBackend)
+        isinstance(linear, (GDNAttnBackend, KDAAttnBackend))
         and HybridLinearAttnBackend._is_plain_extend(forward_batch)
     ):
         return original(self, forward_batch, in_capture=in_capture)
-    self.full_attn_backend.init_forward_metadata_out_graph(
-        forward_batch, in_capture=in_capture
+    _plan_full_attention_extend(self.full_attn_backend, forward_batch, in_capture)
+    if isinstance(linear, KDAAttnBackend):
+        prepare_kda_full_prefill_graph_tables(
+            linear, forward_batch, in_capture=in_capture
+        )
+    else:
+        prepare_full_prefill_graph_tables(linear, forward_batch, in_capture=in_capture)
+
+
+def _plan_full_attention_extend(full_attn_backend, forward_batch, in_capture):
+    """The full-attention child's plan, with the backend and the way out named
+    when it has no full prefill graph path (FlashInfer MLA, for one, raises
+    ``Invalid mode`` for EXTEND)."""
+    try:
+        full_attn_backend.init_forward_metadata_out_graph(
+            forward_batch, in_capture=in_capture
+        )
+    except ValueError as exc:
+        if not in_capture:
+            raise
+        raise ValueError(
+            f"Full prefill CUDA graph: the full-attention backend "
+            f"{type(full_attn_backend).__name__} could not plan a plain extend "
+            f"({exc}). Use an attention backend with full prefill graph support "
+            "(e.g. --attention-backend fa3 for MLA models such as Kimi-Linear) "
+            "or --cuda-graph-backend-prefill breakable."
+        ) from exc
+
+
+# What:    Wraps MambaAttnBackendBase.init_cuda_graph_state: allocate once, and
+#          answer later calls that the allocation covers without touching it.
+# Why:     Upstream appends to its per-batch-size lists and reassigns its
+#          buffers on every call, and only the decode runner calls it. Once the
+#          full prefill runner also allocates (before it captures), the decode
+#          runner's call would double the lists and move buffers that captured
+#          graphs point to.
+# How:     The first call runs upstream's allocation and records its bounds
+#          (max_bs, tokens per request); a later call within them returns; one
+#          beyond them raises, naming both.
+# Upstream: sglang/srt/layers/attention/hybrid_linear_attn_backend.py::MambaAttnBackendBase.init_cuda_graph_state
+# Removal: once upstream's init_cuda_graph_state is idempotent.
+def init_linear_graph_state_once(original, self, max_bs: int, max_num_tokens: int):
+    bounds = getattr(self, "graph_state_bounds", None)
+    if bounds is None:
+        original(self, max_bs, max_num_tokens)
+        self.graph_state_bounds = (max_bs, max_num_tokens // max_bs)
+        return
+    allocated_bs, tokens_per_req = bounds
+    if max_bs <= allocated_bs and max_num_tokens == max_bs * tokens_per_req:
+        return
+    raise RuntimeError(
+        f"{type(self).__name__}.init_cuda_graph_state(max_bs={max_bs}, "
+        f"max_num_tokens={max_num_tokens}): the CUDA-graph state was already "
+        f"allocated for max_bs={allocated_bs} with {tokens_per_req} token(s) per "
+        "request, and graphs captured since read those buffers; reallocating "
+        "them would leave those graphs on freed memory."
     )
-    prepare_full_prefill_graph_tables(
-        self.linear_attn_backend, forward_batch, in_capture=in_capture
-    )
+
+
+# What:    Wraps MambaAttnBackendBase._replay_metadata: a batch size without
+#          allocated CUDA-graph state raises a RuntimeError that says so.
+# Why:     Upstream indexes state_indices_list[bs - 1] unchecked, so a capture
+#          or replay before init_cuda_graph_state (the reported full prefill
+#          crash) fails with a bare "IndexError: list index out of range".
+# How:     Check the list length, then call the original unchanged (decode and
+#          verify replays take exactly the upstream path).
+# Upstream: sglang/srt/layers/attention/hybrid_linear_attn_backend.py::MambaAttnBackendBase._replay_metadata
+# Removal: once upstream checks its per-batch-size buffers.
+def replay_metadata_requires_graph_state(original, self, bs: int, *args, **kwargs):
+    allocated = len(self.state_indices_list)
+    if bs > allocated:
+        raise RuntimeError(
+            f"{type(self).__name__}: no CUDA-graph state for batch size {bs}: "
+            f"init_cuda_graph_state has allocated {allocated} per-batch-size "
+            f"buffer(s); it must run with max_bs >= {bs} before a graph captures "
+            "or replays this batch size."
+        )
+    return original(self, bs, *args, **kwargs)
+
+
+# What:    Wraps HybridLinearAttnBackend.__init__: expose the full-attention
+#          child's chunked-prefix full prefill graph support on the wrapper.
+# Why:     On an MLA hybrid (Kimi-Linear) with a chunked-prefix backend (fa3),
+#          the full prefill runner captures its cached-prefix variants and
+#          asserts the wrapper supports them; the wrapper keeps the base's False,
+#          so the runner dies at init. Without those variants, a batch with a
+#          cached prefix would replay a graph captured without one.
+# How:     After the original, copy the child's flag and route
+#          prepare_full_cuda_graph_chunked_prefix to it (as upstream's
+#          InklingShortConvHybridAttnBackend does); subclasses that define their
+#          own are left alone.
+# Upstream: sglang/srt/layers/attention/hybrid_linear_attn_backend.py::HybridLinearAttnBackend.__init__
+# Removal: once upstream's HybridLinearAttnBackend forwards both.
+def expose_full_attn_chunked_prefix_capture(original, self, *args, **kwargs):
+    original(self, *args, **kwargs)
+    full = self.full_attn_backend
+    own = inspect.getattr_static(type(self), "supports_full_cuda_graph_chunked_prefix")
+    if isinstance(own, bool) and full.supports_full_cuda_graph_chunked_prefix:
+        self.supports_full_cuda_graph_chunked_prefix = True
+        self.prepare_full_cuda_graph_chunked_prefix = (
+            full.prepare_full_cuda_graph_chunked_prefix
+        )

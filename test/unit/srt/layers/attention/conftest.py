@@ -8,6 +8,7 @@ import torch
 from gdn_stub import CHUNK
 
 from sglang_graphfix.srt.layers.attention.linear import gdn_backend as ours
+from sglang_graphfix.srt.layers.attention.linear import kda_prefill_graph as tables
 
 
 @pytest.fixture(autouse=True)
@@ -16,7 +17,7 @@ def runtime_probes(monkeypatch):
     monkeypatch.setattr(
         ours, "get_memory", lambda: SimpleNamespace(enable_page_major_kv_layout=False)
     )
-    monkeypatch.setattr(ours, "mamba_cache_chunk_size", lambda: CHUNK)
+    monkeypatch.setattr(tables, "mamba_cache_chunk_size", lambda: CHUNK)
     monkeypatch.setattr(
         "sglang.srt.model_executor.forward_batch_info.mamba_cache_chunk_size",
         lambda: CHUNK,

@@ -10,12 +10,8 @@ capture, refilled before every replay) and runs the extend on them.
 from __future__ import annotations
 
 import logging
-from typing import Optional
-
 from sglang.srt.layers.attention.linear.kda_prefill_graph import (
     KDAPrefillGraphMetadata,
-    KDAPrefillTrackRows,
-    build_track_rows,
 )
 from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
 from sglang.srt.model_executor.cuda_graph_config import (
@@ -27,9 +23,12 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.runner_utils.prefill_graph import (
     is_in_full_prefill_graph,
 )
-from sglang.srt.runtime_context import get_memory, mamba_cache_chunk_size
+from sglang.srt.runtime_context import get_memory
 from sglang_graphfix.srt.layers.attention.linear.gdn_prefill_graph import (
     gdn_extend_in_graph,
+)
+from sglang_graphfix.srt.layers.attention.linear.kda_prefill_graph import (
+    full_prefill_graph_tables,
 )
 
 logger = logging.getLogger(__name__)
@@ -40,39 +39,15 @@ _USE_INSTEAD = "or use --cuda-graph-backend-prefill breakable (the default)"
 def prepare_full_prefill_graph_tables(
     backend, forward_batch: ForwardBatch, *, in_capture: bool
 ) -> KDAPrefillGraphMetadata:
-    """Allocate (capture) or look up (replay) the bucket's tables and fill them
-    from ``forward_batch``, the runner's slot-padded view of the batch."""
-    bucket = forward_batch.input_ids.shape[0]
-    lens = _real_extend_lens(forward_batch.extend_seq_lens_cpu)
-    # Same slot resolution as MambaAttnBackendBase._forward_metadata.
-    cache_indices = backend._translate_mamba_indices(
-        backend.req_to_token_pool.get_mamba_indices(forward_batch.req_pool_indices)
-    )
+    """The bucket's tables (full_prefill_graph_tables), checked at capture."""
     if in_capture:
         require_capturable_gdn_extend(backend)
-        meta = KDAPrefillGraphMetadata.allocate(
-            num_tokens=bucket,
-            max_seqs_cap=forward_batch.batch_size,
-            # Any replay of the bucket may carry prefix-cache snapshots.
-            track=backend.req_to_token_pool.enable_mamba_extra_buffer,
-            cache_index_dtype=cache_indices.dtype,
-            device=backend.device,
-        )
-        if not hasattr(backend, "full_prefill_graph_tables"):
-            backend.full_prefill_graph_tables = {}
-        backend.full_prefill_graph_tables[bucket] = meta
+    meta = full_prefill_graph_tables(
+        backend, forward_batch, in_capture=in_capture, family="GDN"
+    )
+    if in_capture:
         # Read by forward_extend while this bucket warms up and is captured.
         backend.full_prefill_graph_capture = meta
-        track_rows = None  # the capture batch tracks nothing
-    else:
-        meta = backend.full_prefill_graph_tables[bucket]
-        track_rows = _track_rows(backend, forward_batch, lens)
-    meta.fill(
-        extend_seq_lens=lens,
-        cache_indices=cache_indices,
-        extend_prefix_lens=forward_batch.extend_prefix_lens,
-        track_rows=track_rows,
-    )
     return meta
 
 
@@ -98,46 +73,6 @@ def require_capturable_gdn_extend(backend) -> None:
             f"Full prefill CUDA graph cannot capture this GDN extend: {problem}, "
             f"{_USE_INSTEAD}."
         )
-
-
-def _real_extend_lens(extend_seq_lens_cpu) -> list:
-    """Extend lengths of the real requests: the runner pads the capture batch
-    (and replays) with zero-length request slots at the end."""
-    lens = [int(n) for n in extend_seq_lens_cpu]
-    while lens and lens[-1] == 0:
-        lens.pop()
-    return lens
-
-
-def _track_rows(
-    backend, forward_batch: ForwardBatch, lens: list
-) -> Optional[KDAPrefillTrackRows]:
-    """The eager track selection (MambaAttnBackendBase._init_track_ssm_indices,
-    _init_track_conv_indices) as per-row lists."""
-    if forward_batch.mamba_track_mask is None:
-        return None
-    n = len(lens)
-    host = (
-        forward_batch.mamba_prefill_track_mask_cpu,
-        forward_batch.mamba_track_seqlens_cpu,
-        forward_batch.extend_prefix_lens_cpu,
-    )
-    if all(v is not None and len(v) == n for v in host):
-        mask, track_seq_lens, prefix_lens = (list(v) for v in host)
-    else:  # the same host copies the eager path takes without CPU metadata
-        mask = forward_batch.mamba_track_mask[:n].tolist()
-        track_seq_lens = forward_batch.mamba_track_seqlens[:n].tolist()
-        prefix_lens = forward_batch.extend_prefix_lens[:n].tolist()
-    return build_track_rows(
-        track_mask=mask,
-        track_seq_lens=track_seq_lens,
-        extend_seq_lens=lens,
-        extend_prefix_lens=prefix_lens,
-        state_chunk_size=backend.mamba_chunk_size,
-        cache_chunk_size=mamba_cache_chunk_size(),
-        conv_len=backend.conv_states_shape[-1],
-        dst=backend._translate_mamba_indices(forward_batch.mamba_track_indices),
-    )
 
 
 # What:    Wraps GDNAttnBackend.forward_extend: while a full prefill graph bucket

@@ -1,0 +1,220 @@
+"""KDA full prefill graph tables on CPU: the capture tables (zero-length sentinel
+slots), the replay refill from the runner's slot-padded batch checked against
+upstream's own breakable-graph fill of the same live batch, the extend routed to
+them, eager forwards off them, and the capture-time checks."""
+
+import types
+from types import SimpleNamespace
+
+import pytest
+import torch
+from gdn_stub import BUCKET, CHUNK, SLOTS_PER_GRAPH, capture_view
+from kda_stub import make_kda
+
+from sglang.kernels.ops.mamba.causal_conv1d_triton import PAD_SLOT_ID
+from sglang.kernels.ops.mamba.kda_prefill_track import (
+    TRACK_CHUNK_STATE,
+    TRACK_FINAL_STATE,
+    TRACK_NONE,
+)
+from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase
+from sglang.srt.layers.attention.linear.kda_prefill_graph import (
+    KDAPrefillGraphMetadata,
+)
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang_graphfix.srt.layers.attention.linear import kda_backend as ours
+
+UPSTREAM = "sglang.srt.layers.attention.linear.kda_backend."
+LENS, PREFIX, TRACK_SEQ_LENS = [37, 100, 110], [0, 10, 3], [37, 74, 113]
+TRACKED, TRACK_DST = [True, True, True], [10, 11, 12]
+
+
+@pytest.fixture(autouse=True)
+def kda_runtime_probes(monkeypatch):
+    monkeypatch.setattr(UPSTREAM + "mamba_cache_chunk_size", lambda: CHUNK)
+    monkeypatch.delenv("SGLANG_DISABLE_KDA_PREFILL_GRAPH_EXTEND", raising=False)
+
+
+def _live_batch():
+    """A 3-request prefill (rows 1 and 2 have a prefix) with prefix-cache
+    tracking: row 0 unaligned, row 1 chunk-aligned, row 2 unaligned."""
+    batch = SimpleNamespace(
+        forward_mode=ForwardMode.EXTEND,
+        batch_size=len(LENS),
+        extend_num_tokens=sum(LENS),
+        extend_seq_lens_cpu=LENS,
+        extend_prefix_lens_cpu=PREFIX,
+        extend_prefix_lens=torch.tensor(PREFIX),
+        req_pool_indices=torch.tensor([1, 2, 3]),
+        mamba_track_mask=torch.tensor(TRACKED),
+        mamba_track_seqlens=torch.tensor(TRACK_SEQ_LENS),
+        mamba_track_indices=torch.tensor(TRACK_DST),
+        mamba_prefill_track_mask_cpu=TRACKED,
+        mamba_track_seqlens_cpu=TRACK_SEQ_LENS,
+        _original_batch_size=None,
+    )
+    batch.mamba_track_aligned_lens = types.MethodType(
+        ForwardBatch.mamba_track_aligned_lens, batch
+    )
+    return batch
+
+
+def _replay_view(live):
+    """PrefillCudaGraphRunner._prepare_forward_metadata_for_replay's padded view:
+    request slots padded to the capture's with pool row 0, the real CPU lists."""
+    view = SimpleNamespace(**vars(live))
+    view.batch_size = SLOTS_PER_GRAPH
+    view.input_ids = torch.zeros(BUCKET, dtype=torch.int64)
+    view.req_pool_indices = torch.tensor([1, 2, 3, 0])
+    view.extend_prefix_lens = torch.tensor([*PREFIX, 0])
+    return view
+
+
+def _captured(kda):
+    return ours.prepare_kda_full_prefill_graph_tables(
+        kda, capture_view(), in_capture=True
+    )
+
+
+def test_capture_tables_hold_every_slot_and_pad_the_sentinels():
+    kda = make_kda()
+    meta = _captured(kda)
+    assert kda.prefill_graph_metadata is meta is kda.full_prefill_graph_tables[BUCKET]
+    assert meta.num_tokens == BUCKET and meta.max_seqs == SLOTS_PER_GRAPH
+    assert meta.track  # replays of the bucket may carry prefix-cache snapshots
+    # one real capture sequence, then zero-length sentinel slots doing no work
+    assert meta.cu_seqlens.tolist() == [0] + [BUCKET] * SLOTS_PER_GRAPH
+    assert meta.cache_indices.tolist() == [0] + [PAD_SLOT_ID] * (SLOTS_PER_GRAPH - 1)
+    assert meta.track_mode.tolist() == [TRACK_NONE] * SLOTS_PER_GRAPH
+
+
+def test_replay_tables_equal_upstreams_breakable_fill_of_the_live_batch():
+    kda = make_kda()
+    _captured(kda)
+    ours_meta = ours.prepare_kda_full_prefill_graph_tables(
+        kda, _replay_view(_live_batch()), in_capture=False
+    )
+    assert ours_meta is kda.full_prefill_graph_tables[BUCKET]
+    assert kda.prefill_graph_metadata is ours_meta
+
+    # Upstream's breakable-graph refill (KDAAttnBackend.refresh_prefill_graph_
+    # metadata) of the unpadded batch, on tables of the same bounds.
+    reference = KDAPrefillGraphMetadata.allocate(
+        num_tokens=BUCKET,
+        max_seqs_cap=SLOTS_PER_GRAPH,
+        track=True,
+        cache_index_dtype=ours_meta.cache_indices.dtype,
+        device=torch.device("cpu"),
+    )
+    upstream = make_kda()
+    upstream.refresh_prefill_graph_metadata(reference, _live_batch())
+
+    assert torch.equal(ours_meta.packed, reference.packed)
+    assert torch.equal(ours_meta.cache_indices, reference.cache_indices)
+    assert torch.equal(ours_meta.has_initial_state, reference.has_initial_state)
+    assert torch.equal(ours_meta.track_dst, reference.track_dst)
+    # and what they say: the sentinel slot is padded, prefixes resume state
+    assert ours_meta.cu_seqlens.tolist() == [0, 37, 137, 247, 247]
+    assert ours_meta.cache_indices.tolist() == [5, 9, 2, PAD_SLOT_ID]
+    assert ours_meta.has_initial_state.tolist() == [False, True, True, False]
+    assert ours_meta.track_mode.tolist() == [
+        TRACK_CHUNK_STATE,
+        TRACK_FINAL_STATE,
+        TRACK_CHUNK_STATE,
+        TRACK_NONE,
+    ]
+
+
+def test_tables_are_sized_by_the_runner_slots_not_the_breakable_cap(monkeypatch):
+    monkeypatch.setenv("SGLANG_KDA_PREFILL_GRAPH_MAX_SEQS", "2")
+    kda = make_kda()
+    kda.prefill_graph_max_seqs = 2
+    assert _captured(kda).max_seqs == SLOTS_PER_GRAPH  # 4 slots > cap 2
+    small = capture_view()  # a bucket smaller than the slot count
+    small.input_ids = torch.zeros(3, dtype=torch.int64)
+    small.extend_seq_lens_cpu = [3, 0, 0, 0]
+    meta = ours.prepare_kda_full_prefill_graph_tables(kda, small, in_capture=True)
+    assert meta.max_seqs == 3  # every request holds a token
+
+
+def test_replay_errors_name_the_problem():
+    kda = make_kda()
+    with pytest.raises(RuntimeError, match="no tables were captured for the 256"):
+        ours.prepare_kda_full_prefill_graph_tables(
+            kda, _replay_view(_live_batch()), in_capture=False
+        )
+    kda.req_to_token_pool.enable_mamba_extra_buffer = False  # instance override
+    _captured(kda)
+    with pytest.raises(RuntimeError, match="captured without track copies"):
+        ours.prepare_kda_full_prefill_graph_tables(
+            kda, _replay_view(_live_batch()), in_capture=False
+        )
+
+
+def _layer_cache(kda):
+    cache = SimpleNamespace(conv=[torch.zeros(5, 3, 8)], temporal=torch.zeros(5, 1))
+    kda.req_to_token_pool.mamba2_layer_cache = lambda layer_id: cache
+    return cache
+
+
+def test_forward_extend_runs_on_the_tables(monkeypatch):
+    kda = make_kda()
+    cache = _layer_cache(kda)
+    meta = _captured(kda)
+    calls = []
+    monkeypatch.setattr(
+        UPSTREAM + "kda_extend_in_graph", lambda **kw: calls.append(kw) or "in-graph"
+    )
+    x = torch.zeros(BUCKET, 8)
+    out = kda.forward_extend(
+        layer=SimpleNamespace(layer_id=0), forward_batch=capture_view(),
+        mixed_qkv=x, a=None, b=None,
+    )  # fmt: skip
+    assert out == "in-graph" and calls[0]["meta"] is meta
+    assert calls[0]["conv_pool"] is cache.conv[0]
+
+
+def test_an_eager_forward_never_runs_on_the_tables(monkeypatch):
+    """Upstream's KDAAttnBackend.init_forward_metadata (every eager forward)
+    drops the graph tables before the extend reads them."""
+    kda = make_kda()
+    _captured(kda)
+    monkeypatch.setattr(
+        MambaAttnBackendBase,
+        "init_forward_metadata",
+        lambda self, fb: setattr(
+            self, "forward_metadata", SimpleNamespace(has_mamba_track_mask=False)
+        ),
+    )
+    kda.init_forward_metadata(_live_batch())
+    assert kda.prefill_graph_metadata is None
+    monkeypatch.setattr(
+        UPSTREAM + "kda_extend_in_graph", lambda **kw: pytest.fail("used the tables")
+    )
+    kda.forward_metadata = None  # upstream's eager body fails on this stub
+    _layer_cache(kda)
+    with pytest.raises(AttributeError, match="query_start_loc"):
+        kda.forward_extend(
+            layer=SimpleNamespace(layer_id=0), forward_batch=_live_batch(),
+            mixed_qkv=torch.zeros(247, 8), a=None, b=None,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "setup, flag",
+    [
+        (lambda kda, mp: setattr(kda.kernel_dispatcher, "extend_kernel", object()),
+         "--linear-attn-prefill-backend triton"),
+        (lambda kda, mp: mp.setenv("SGLANG_DISABLE_KDA_PREFILL_GRAPH_EXTEND", "1"),
+         "SGLANG_DISABLE_KDA_PREFILL_GRAPH_EXTEND"),
+        (lambda kda, mp: setattr(kda, "accept_lens_pool", torch.ones(4)),
+         "--linear-attn-verify-backend triton"),
+    ],
+)  # fmt: skip
+def test_uncapturable_kda_extend_fails_at_capture(monkeypatch, setup, flag):
+    kda = make_kda()
+    setup(kda, monkeypatch)
+    with pytest.raises(ValueError, match=flag) as err:
+        _captured(kda)
+    assert "--cuda-graph-backend-prefill breakable" in str(err.value)
+    assert kda.prefill_graph_metadata is None
