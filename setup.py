@@ -11,7 +11,12 @@ setup(
     license="Apache-2.0",
     package_dir={"": "python"},
     packages=find_packages("python"),
+    # Sample model configs for `sglang-graphfix explain` without --model-path.
+    package_data={"sglang_graphfix": ["sample_configs/*/config.json"]},
     python_requires=">=3.10",
     install_requires=["sglang==0.5.23"],
-    entry_points={"sglang.srt.plugins": ["graphfix = sglang_graphfix:register"]},
+    entry_points={
+        "sglang.srt.plugins": ["graphfix = sglang_graphfix:register"],
+        "console_scripts": ["sglang-graphfix = sglang_graphfix.cli:main"],
+    },
 )

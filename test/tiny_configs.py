@@ -111,6 +111,54 @@ def _kimi_linear():
     )
 
 
+def _granite_moe_hybrid():
+    """transformers' class: it writes the layer types transformers 5.19 validates
+    ("linear_attention" / "full_attention"), which sglang's own config maps back
+    to "mamba" / "attention" (sglang's class writes names transformers rejects)."""
+    from transformers import GraniteMoeHybridConfig
+
+    return GraniteMoeHybridConfig(
+        vocab_size=2048,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        layer_types=["linear_attention", "full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        shared_intermediate_size=256,
+        mamba_n_heads=8,
+        mamba_d_head=64,
+        mamba_d_state=16,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
+def _inkling():
+    """Inkling: every layer attention with short convs (sglang's own config; one
+    sliding-window layer, no MTP head)."""
+    from sglang.srt.configs.inkling import InklingMMConfig
+
+    return InklingMMConfig(
+        text_config=dict(
+            vocab_size=2048,
+            hidden_size=256,
+            intermediate_size=512,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            local_layer_ids=[0],
+            sliding_window_size=64,
+            use_sconv=True,
+            num_nextn_predict_layers=0,
+        )
+    )
+
+
 def _llama():
     from transformers import LlamaConfig
 
@@ -130,7 +178,13 @@ FAMILIES = {
     "nemotron_h": (_nemotron_h, "NemotronHForCausalLM", "Mamba2/short-conv"),
     "falcon_h1": (_falcon_h1, "FalconH1ForCausalLM", "Mamba2/short-conv"),
     "lfm2": (_lfm2, "Lfm2ForCausalLM", "Mamba2/short-conv"),
+    "granite_moe_hybrid": (
+        _granite_moe_hybrid,
+        "GraniteMoeHybridForCausalLM",
+        "Mamba2/short-conv",
+    ),
     "kimi_linear": (_kimi_linear, "KimiLinearForCausalLM", "KDA"),
+    "inkling": (_inkling, "InklingForConditionalGeneration", "Inkling short-conv"),
     "llama": (_llama, "LlamaForCausalLM", None),
 }
 

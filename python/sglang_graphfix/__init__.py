@@ -5,29 +5,43 @@ Loaded by sglang's general-plugin entry point (``sglang.srt.plugins``); the
 patches themselves are indexed in ``sglang_graphfix.patches``.
 """
 
-from importlib.metadata import version
+import logging
+from importlib.metadata import PackageNotFoundError, version
 
 SUPPORTED_SGLANG = "0.5.23"
 _registered = False
 
+logger = logging.getLogger(__name__)
+
+
+def installed_sglang() -> str:
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        return "not installed"
+
 
 def register() -> None:
-    """Entry point: refuse any sglang but 0.5.23, else apply and verify every patch
-    (once per process).
+    """Entry point: apply and verify every patch on sglang 0.5.23 (once per
+    process); on any other sglang, patch nothing and log why at ERROR level.
 
-    sglang's plugin loader logs what this raises (with the traceback) and starts
-    without the patches.
+    A patch that HookRegistry did not apply raises (sglang's plugin loader logs
+    it with the traceback).
     """
     global _registered
     if _registered:
         return
-    installed = version("sglang")
-    if installed != SUPPORTED_SGLANG:
-        raise RuntimeError(
-            f"sglang-graphfix patches sglang=={SUPPORTED_SGLANG} only, found "
-            f"sglang=={installed}; nothing was patched. Install "
-            f"sglang=={SUPPORTED_SGLANG} or uninstall sglang-graphfix."
+    found = installed_sglang()
+    if found != SUPPORTED_SGLANG:
+        logger.error(
+            "sglang-graphfix supports sglang==%s only, found sglang==%s; nothing "
+            "was patched. Install sglang==%s, or uninstall sglang-graphfix (or "
+            "leave graphfix out of SGLANG_PLUGINS).",
+            SUPPORTED_SGLANG,
+            found,
+            SUPPORTED_SGLANG,
         )
+        return
     from sglang_graphfix.patches import apply_patches
 
     apply_patches()

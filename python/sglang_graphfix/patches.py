@@ -17,6 +17,7 @@ from sglang_graphfix.srt.arg_groups import cuda_graph_hook
 from sglang_graphfix.srt.layers.attention import hybrid_linear_attn_backend
 from sglang_graphfix.srt.layers.attention.dsa import dsa_indexer
 from sglang_graphfix.srt.layers.attention.linear import gdn_backend
+from sglang_graphfix.srt.model_executor.runner import prefill_cuda_graph_runner
 
 logger = logging.getLogger(__name__)
 
@@ -34,11 +35,17 @@ _ATTN = _SRT + "layers.attention."
 PATCHES = (
     # Hybrid linear attention under a full prefill CUDA graph.
     Patch(_ARGS + "disable_full_prefill_cudagraph_if_incompatible", cuda_graph_hook.downgrade_unsupported_full_prefill_graph, HookType.AROUND),
-    Patch(_ARGS + "validate_cuda_graph_config", cuda_graph_hook.reject_unsupported_full_prefill_graph, HookType.AROUND),
+    Patch(_ARGS + "apply_cuda_graph_compatibility", cuda_graph_hook.full_prefill_rules_for_model_defaults, HookType.AROUND),
+    Patch(_ARGS + "validate_cuda_graph_config", cuda_graph_hook.reject_explicit_prefill_graph_it_cannot_run, HookType.AROUND),
+    Patch(_ARGS + "disable_prefill_cuda_graph_for_deepseek_trtllm_mla", cuda_graph_hook.recheck_full_prefill_graph_on_resolved_attention, HookType.AROUND),
     Patch(_ATTN + "hybrid_linear_attn_backend.HybridLinearAttnBackend.init_forward_metadata_out_graph", hybrid_linear_attn_backend.linear_extend_tables_for_full_prefill_graph, HookType.AROUND),
     Patch(_ATTN + "linear.gdn_backend.GDNAttnBackend.forward_extend", gdn_backend.gdn_extend_on_full_graph_tables, HookType.AROUND),
     Patch(_ATTN + "linear.gdn_backend.flashinfer_gdn_prefill_default", gdn_backend.keep_triton_gdn_prefill_for_full_graph, HookType.AROUND),
-    # DSA indexer weights_proj LoRA under piecewise/breakable prefill graphs.
+    Patch(_ATTN + "hybrid_linear_attn_backend.HybridLinearAttnBackend.__init__", hybrid_linear_attn_backend.expose_full_attn_chunked_prefix_capture, HookType.AROUND),
+    Patch(_ATTN + "hybrid_linear_attn_backend.MambaAttnBackendBase.init_cuda_graph_state", hybrid_linear_attn_backend.init_linear_graph_state_once, HookType.AROUND),
+    Patch(_ATTN + "hybrid_linear_attn_backend.MambaAttnBackendBase._replay_metadata", hybrid_linear_attn_backend.replay_metadata_requires_graph_state, HookType.AROUND),
+    Patch(_SRT + "model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.capture", prefill_cuda_graph_runner.prepare_linear_attention_for_full_prefill_capture, HookType.AROUND),
+    # DSA indexer weights_proj LoRA under the breakable prefill graph.
     Patch(_ATTN + "dsa.dsa_indexer.Indexer._get_logits_head_gate", dsa_indexer.lora_aware_head_gate, HookType.AROUND),
     Patch(_ATTN + "dsa.dsa_indexer.Indexer.forward_cuda", dsa_indexer.lora_aware_split_op_dispatch, HookType.AROUND),
 )  # fmt: skip

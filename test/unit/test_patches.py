@@ -23,7 +23,7 @@ def test_every_indexed_patch_wraps_its_upstream_target():
         assert current.__name__ == patch.target.rsplit(".", 1)[1]
 
 
-def test_other_sglang_version_is_refused_and_nothing_patched(monkeypatch):
+def test_other_sglang_version_patches_nothing_and_logs_why(monkeypatch, caplog):
     monkeypatch.setattr(sglang_graphfix, "_registered", False)
     monkeypatch.setattr(sglang_graphfix, "version", lambda _: "0.5.24")
 
@@ -31,10 +31,13 @@ def test_other_sglang_version_is_refused_and_nothing_patched(monkeypatch):
         raise AssertionError("patches applied for the wrong sglang")
 
     monkeypatch.setattr("sglang_graphfix.patches.apply_patches", must_not_run)
-    with pytest.raises(
-        RuntimeError, match=r"sglang==0\.5\.23 only, found sglang==0\.5\.24"
-    ):
-        sglang_graphfix.register()
+    with caplog.at_level(logging.ERROR, logger="sglang_graphfix"):
+        assert sglang_graphfix.register() is None
+    (record,) = caplog.records
+    assert record.levelno == logging.ERROR
+    assert "supports sglang==0.5.23 only, found sglang==0.5.24" in record.getMessage()
+    assert "nothing was patched" in record.getMessage()
+    assert not sglang_graphfix._registered
 
 
 def test_missing_target_patches_nothing():

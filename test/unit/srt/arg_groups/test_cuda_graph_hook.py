@@ -1,122 +1,388 @@
-"""Server-args resolution of a full prefill CUDA graph, through sglang's own
-handle_cuda_graph_config, for one tiny model of each linear-attention family."""
+"""The prefill CUDA-graph plan sglang 0.5.23 resolves, with sglang-graphfix, for one
+tiny model of each linear-attention family: the real ``ServerArgs.resolve_once``
+pipeline on real ModelConfigs, with only the hardware probes answered as on an
+H200 (or an A100) by ``sglang_graphfix.cli.simulated_gpu``."""
 
 import logging
+import os
+from unittest import mock
 
 import pytest
 from tiny_configs import FAMILIES, write_config
 
-from sglang.srt.arg_groups.cuda_graph_hook import (
-    apply_cuda_graph_compatibility,
-    handle_cuda_graph_config,
-    validate_cuda_graph_config,
+from sglang.srt.arg_groups import cuda_graph_hook as upstream
+from sglang.srt.arg_groups.overrides import (
+    attention_backends_of,
+    declare_resolution,
+    model_config_of,
+    resolved_view,
+    resolving_view,
 )
-from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
-from sglang.srt.model_executor.cuda_graph_config import (
-    Backend,
-    Phase,
-    default_cuda_graph_config,
-    with_phase,
-)
+from sglang.srt.model_executor.cuda_graph_config import Backend
 from sglang.srt.server_args import ServerArgs
-from sglang_graphfix.srt.arg_groups.cuda_graph_hook import linear_attention_family
-from sglang.srt.arg_groups.overrides import model_config_of
+from sglang_graphfix.cli import simulated_gpu
+from sglang_graphfix.patches import PATCHES
+from sglang_graphfix.srt.arg_groups import cuda_graph_hook as ours
 
-CAPTURABLE = ["qwen3_next", "llama"]
-NOT_CAPTURABLE = ["nemotron_h", "falcon_h1", "lfm2", "kimi_linear"]
+OURS = "sglang_graphfix.srt.arg_groups.cuda_graph_hook"
+# Linear side capturable under a full prefill graph (KDA through KDA_FULL_PREFILL_GRAPH).
+LINEAR_CAPTURES = {"qwen3_next", "kimi_linear", "inkling", "llama"}
+MLA = {"kimi_linear"}
+# sglang's own breakable rules turn the breakable graph off here (KDA rule).
+BREAKABLE_REJECTED = {"kimi_linear"}
+# sglang refuses these itself, whatever the graph (model_hook: LFM2's first layer
+# might not be attention, which triton requires).
+SGLANG_REFUSES = {("lfm2", "triton"): "does not support triton attention backend"}
 
 
-def _server_args(tmp_path, family, **kwargs):
-    args = ServerArgs(
-        model_path=write_config(family, tmp_path), skip_tokenizer_init=True, **kwargs
-    )
-    args._resolved_overrides = []
+@pytest.fixture(autouse=True)
+def _restore_environ():
+    """Resolution exports SGLANG_* variables (handle_environment_variables)."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("configs")
+    return {family: write_config(family, root / family) for family in FAMILIES}
+
+
+def resolve(model_dirs, family, *, gpu="h200", model_default_full=False, **kwargs):
+    """ServerArgs after sglang's full resolution pipeline. ``model_default_full``
+    declares the full prefill graph as a model default, the way Inkling's
+    apply_inkling_prefill_cuda_graph_default does (locked, but not the user's)."""
+    args = ServerArgs(model_path=model_dirs[family], **kwargs)
+    if model_default_full:
+        declare_resolution(
+            args, "test_model_default", cuda_graph_backend_prefill="full"
+        )
+    with simulated_gpu(gpu):
+        args.resolve_once()
     return args
 
 
-def _prefill_backend(args):
+def prefill_backend(args):
     return resolving_view(args).cuda_graph_config.prefill.backend
 
 
+def our_warnings(caplog):
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == OURS and r.levelno >= logging.WARNING
+    ]
+
+
+def full_captures(family, attention):
+    capable = ("fa3", "fa4") if family in MLA else ("fa3", "fa4", "flashinfer")
+    return family in LINEAR_CAPTURES and attention in capable
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_family_matches_the_backend_sglang_builds(tmp_path, family):
-    args = _server_args(tmp_path, family)
-    assert linear_attention_family(model_config_of(args)) == FAMILIES[family][2]
+def test_family_matches_the_backend_sglang_builds(model_dirs, family):
+    args = ServerArgs(model_path=model_dirs[family])
+    model_config = model_config_of(args)
+    assert model_config.hf_config.architectures == [FAMILIES[family][1]]
+    assert ours.linear_attention_family(model_config) == FAMILIES[family][2]
 
 
-@pytest.mark.parametrize("family", CAPTURABLE)
-def test_explicit_full_prefill_graph_is_kept(tmp_path, family):
-    args = _server_args(
-        tmp_path, family, cuda_graph_config={"prefill": {"backend": "full"}}
+# ---- the matrix: family x how the full graph is asked for x attention backend ----
+
+ATTENTION = ["flashinfer", "triton"]
+
+
+@pytest.mark.parametrize("attention", ATTENTION)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_explicit_full(model_dirs, family, attention, caplog):
+    kwargs = dict(
+        attention_backend=attention, cuda_graph_config={"prefill": {"backend": "full"}}
     )
-    handle_cuda_graph_config(args)
-    assert _prefill_backend(args) == Backend.FULL
-
-
-@pytest.mark.parametrize("family", NOT_CAPTURABLE)
-def test_explicit_full_prefill_graph_is_rejected_with_the_flag_to_use(tmp_path, family):
-    arch = FAMILIES[family][1]
-    args = _server_args(
-        tmp_path, family, cuda_graph_config={"prefill": {"backend": "full"}}
-    )
+    if full_captures(family, attention):
+        args = resolve(model_dirs, family, **kwargs)
+        assert prefill_backend(args) == Backend.FULL
+        assert not our_warnings(caplog)
+        return
     with pytest.raises(ValueError) as err:
-        handle_cuda_graph_config(args)
+        resolve(model_dirs, family, **kwargs)
     message = str(err.value)
-    assert arch in message and FAMILIES[family][2] in message
-    assert "--cuda-graph-backend-prefill breakable" in message
-
-
-def test_upstream_validation_alone_accepts_it(tmp_path):
-    """What the fix adds: upstream's validation passes the same request."""
-    args = _server_args(
-        tmp_path, "nemotron_h", cuda_graph_config={"prefill": {"backend": "full"}}
+    _, arch, linear = FAMILIES[family]
+    assert arch in message and f"linear attention {linear or 'none'}" in message
+    assert f"full-attention backend {attention}" in message
+    assert "--cuda-graph-backend-prefill disabled" in message
+    # breakable is offered only where sglang's own breakable rules allow it
+    assert ("--cuda-graph-backend-prefill breakable" in message) == (
+        family not in BREAKABLE_REJECTED
     )
-    declare_resolution(
-        args,
-        "test",
-        cuda_graph_config=with_phase(
-            default_cuda_graph_config(), Phase.PREFILL, backend=Backend.FULL
-        ),
-    )
-    validate_cuda_graph_config.__wrapped__(args)
-    with pytest.raises(ValueError):
-        validate_cuda_graph_config(args)
+    if attention == "triton":
+        assert "Invalid forward mode EXTEND for CUDA Graph replay" in message
+    if family in LINEAR_CAPTURES:  # the attention backend is the only obstacle
+        assert "set --attention-backend fa3 / fa4" in message
 
 
-@pytest.mark.parametrize("backend", ["breakable", "disabled"])
-def test_other_prefill_backends_are_untouched(tmp_path, backend):
-    args = _server_args(tmp_path, "nemotron_h", cuda_graph_backend_prefill=backend)
-    handle_cuda_graph_config(args)
-    assert _prefill_backend(args) == backend
-
-
-def _automatic_full(args):
-    """A full prefill backend chosen by resolution, not by the user (unlocked)."""
-    declare_resolution(
-        args,
-        "test",
-        cuda_graph_config=with_phase(
-            default_cuda_graph_config(), Phase.PREFILL, backend=Backend.FULL
-        ),
-    )
-    args._cuda_graph_config_locked = set()
-
-
-def test_automatic_full_prefill_graph_is_downgraded_with_a_warning(tmp_path, caplog):
-    args = _server_args(tmp_path, "nemotron_h")
-    _automatic_full(args)
+@pytest.mark.parametrize("attention", ATTENTION)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_model_default_full(model_dirs, family, attention, caplog):
+    """A full prefill graph the user did not ask for (a model default, locked like
+    Inkling's): kept where it captures, else breakable if sglang's breakable rules
+    accept the model, else disabled, with exactly one warning."""
+    if (family, attention) in SGLANG_REFUSES:
+        with pytest.raises(AssertionError, match=SGLANG_REFUSES[family, attention]):
+            resolve(
+                model_dirs, family, model_default_full=True, attention_backend=attention
+            )
+        return
     with caplog.at_level(logging.WARNING):
-        apply_cuda_graph_compatibility(args)
-    assert _prefill_backend(args) == Backend.DISABLED
-    assert "NemotronHForCausalLM" in caplog.text
-    assert "--cuda-graph-backend-prefill breakable" in caplog.text
-    validate_cuda_graph_config(args)  # the downgraded config validates
+        args = resolve(
+            model_dirs, family, model_default_full=True, attention_backend=attention
+        )
+    warned = our_warnings(caplog)
+    if full_captures(family, attention):
+        assert prefill_backend(args) == Backend.FULL and not warned
+        return
+    expected = Backend.DISABLED if family in BREAKABLE_REJECTED else Backend.BREAKABLE
+    assert prefill_backend(args) == expected
+    assert len(warned) == 1, warned
+    assert FAMILIES[family][1] in warned[0] and "test_model_default" in warned[0]
+    assert f"Using the {expected} prefill graph" in warned[0]
+    assert "--cuda-graph-backend-prefill" in warned[0]
+    # the breakable probe's own upstream warning stays swallowed
+    assert not any("Breakable CUDA graph is incompatible" in m for m in caplog.messages)
 
 
-def test_automatic_full_prefill_graph_stays_on_gdn(tmp_path, caplog):
-    args = _server_args(tmp_path, "qwen3_next")
-    _automatic_full(args)
+@pytest.mark.parametrize("attention", ATTENTION)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_default(model_dirs, family, attention, caplog):
+    """No graph flag: sglang's default breakable graph (off for KDA by sglang's own
+    rule), Inkling's full default where its attention backend captures it."""
+    if (family, attention) in SGLANG_REFUSES:
+        with pytest.raises(AssertionError, match=SGLANG_REFUSES[family, attention]):
+            resolve(model_dirs, family, attention_backend=attention)
+        return
     with caplog.at_level(logging.WARNING):
-        apply_cuda_graph_compatibility(args)
-    assert _prefill_backend(args) == Backend.FULL
-    assert "Disabling the full prefill" not in caplog.text
+        args = resolve(model_dirs, family, attention_backend=attention)
+    if family == "inkling":
+        captures = full_captures(family, attention)
+        assert prefill_backend(args) == (
+            Backend.FULL if captures else Backend.BREAKABLE
+        )
+        assert len(our_warnings(caplog)) == (0 if captures else 1)
+        return
+    expected = Backend.DISABLED if family in BREAKABLE_REJECTED else Backend.BREAKABLE
+    assert prefill_backend(args) == expected
+    assert not our_warnings(caplog)
+
+
+@pytest.mark.parametrize("attention", ATTENTION)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_explicit_breakable(model_dirs, family, attention):
+    kwargs = dict(attention_backend=attention, cuda_graph_backend_prefill="breakable")
+    if (family, attention) in SGLANG_REFUSES:
+        with pytest.raises(AssertionError, match=SGLANG_REFUSES[family, attention]):
+            resolve(model_dirs, family, **kwargs)
+        return
+    if family not in BREAKABLE_REJECTED:
+        assert (
+            prefill_backend(resolve(model_dirs, family, **kwargs)) == Backend.BREAKABLE
+        )
+        return
+    with pytest.raises(ValueError) as err:
+        resolve(model_dirs, family, **kwargs)
+    message = str(err.value)
+    assert (
+        "KimiLinearForCausalLM" in message and "KDA hybrid linear attention" in message
+    )
+    assert (
+        "GLM-5.3 Flash" in message
+        and "--cuda-graph-backend-prefill disabled" in message
+    )
+    # KDA's full graph is offered only with an attention backend that captures it
+    assert "--cuda-graph-backend-prefill full" not in message
+
+
+# ---- the full-attention backend sglang picks itself (fa3 on Hopper) ----
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "kimi_linear", "llama"])
+def test_explicit_full_on_hopper_default_fa3(model_dirs, family):
+    """fa3 (sglang's default on an H200, MHA and MLA) plans the extend in
+    FlashAttentionBackend._init_full_cg_prefill_metadata: the graph stays full."""
+    args = resolve(model_dirs, family, cuda_graph_backend_prefill="full")
+    assert attention_backends_of(resolved_view(args)) == ("fa3", "fa3")
+    assert prefill_backend(args) == Backend.FULL
+
+
+def test_attention_backend_sglang_swaps_in_late_is_judged(model_dirs):
+    """fa3 with an fp8_e5m2 KV cache: sglang switches to triton after the CUDA-graph
+    config resolved; the recheck on the resolved backend still refuses."""
+    with pytest.raises(ValueError, match="full-attention backend triton"):
+        resolve(
+            model_dirs,
+            "llama",
+            cuda_graph_backend_prefill="full",
+            kv_cache_dtype="fp8_e5m2",
+        )
+
+
+def test_inkling_default_full_prefill_graph_on_h200(model_dirs, caplog):
+    """Inkling defaults to a full prefill graph; on Hopper its model override picks
+    fa4, which captures it: upstream's behaviour, unchanged."""
+    with caplog.at_level(logging.WARNING):
+        args = resolve(model_dirs, "inkling")
+    assert attention_backends_of(resolved_view(args)) == ("fa4", "fa4")
+    assert prefill_backend(args) == Backend.FULL and not our_warnings(caplog)
+
+
+def test_inkling_default_on_a100_falls_back_to_breakable(model_dirs, caplog):
+    """Off Hopper/Blackwell Inkling's override picks triton, which cannot capture
+    the full graph that its default still selects."""
+    with caplog.at_level(logging.WARNING):
+        args = resolve(model_dirs, "inkling", gpu="a100")
+    assert attention_backends_of(resolved_view(args)) == ("triton", "triton")
+    assert prefill_backend(args) == Backend.BREAKABLE
+    (warning,) = our_warnings(caplog)
+    assert (
+        "_apply_inkling_prefill_cuda_graph_default" in warning and "triton" in warning
+    )
+
+
+# ---- linear-attention prefill kernels ----
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "kimi_linear"])
+def test_explicit_full_with_a_non_triton_linear_prefill_kernel(model_dirs, family):
+    with pytest.raises(ValueError) as err:
+        resolve(
+            model_dirs,
+            family,
+            cuda_graph_backend_prefill="full",
+            linear_attn_prefill_backend="flashinfer",
+        )
+    assert "runs the Triton kernels, not flashinfer" in str(err.value)
+    assert "set --linear-attn-prefill-backend triton" in str(err.value)
+
+
+def test_model_default_full_with_a_non_triton_linear_prefill_kernel(model_dirs, caplog):
+    with caplog.at_level(logging.WARNING):
+        args = resolve(
+            model_dirs,
+            "qwen3_next",
+            model_default_full=True,
+            linear_attn_backend="cutedsl",
+        )
+    assert prefill_backend(args) == Backend.BREAKABLE
+    assert "not cutedsl" in our_warnings(caplog)[0]
+
+
+def test_kda_switch_rejects_kda_again(model_dirs, monkeypatch):
+    monkeypatch.setattr(ours, "KDA_FULL_PREFILL_GRAPH", False)
+    with pytest.raises(
+        ValueError, match="KDA linear attention has no capturable extend"
+    ):
+        resolve(model_dirs, "kimi_linear", cuda_graph_backend_prefill="full")
+
+
+# ---- the other paths into the rules ----
+
+
+@pytest.mark.parametrize(
+    "family, expected", [("nemotron_h", "breakable"), ("qwen3_next", "full")]
+)
+def test_unlocked_full_default_goes_through_the_cascade(
+    model_dirs, family, expected, caplog
+):
+    """A future sglang whose own default prefill graph is full: not locked, so
+    upstream's cascade calls disable_full_prefill_cudagraph_if_incompatible."""
+    with (
+        mock.patch(
+            "sglang.srt.model_executor.cuda_graph_config.default_prefill_backend",
+            return_value=Backend.FULL,
+        ),
+        caplog.at_level(logging.WARNING),
+    ):
+        args = resolve(model_dirs, family)
+    assert prefill_backend(args) == expected
+    assert len(our_warnings(caplog)) == (expected != "full")
+    assert ("selected automatically" in caplog.text) == (expected != "full")
+
+
+def test_breakable_rule_known_to_work_warns_instead(model_dirs, monkeypatch, caplog):
+    monkeypatch.setattr(
+        ours, "BREAKABLE_RULES_KNOWN_TO_WORK", ("KDA hybrid linear attention",)
+    )
+    with caplog.at_level(logging.WARNING):
+        args = resolve(
+            model_dirs, "kimi_linear", cuda_graph_backend_prefill="breakable"
+        )
+    assert prefill_backend(args) == Backend.BREAKABLE
+    (warning,) = our_warnings(caplog)
+    assert (
+        "as requested" in warning and "--cuda-graph-backend-prefill disabled" in warning
+    )
+
+
+def test_two_batch_overlap_explicit_breakable_is_refused(model_dirs):
+    with pytest.raises(ValueError, match="two-batch overlap"):
+        resolve(
+            model_dirs,
+            "llama",
+            cuda_graph_backend_prefill="breakable",
+            enable_two_batch_overlap=True,
+        )
+
+
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        ({}, None),
+        ({"cuda_graph_backend_prefill": "full"}, "full"),
+        # the JSON config wins over the convenience flag, as in parse_cuda_graph_config
+        (
+            {
+                "cuda_graph_backend_prefill": "full",
+                "cuda_graph_config": {"prefill": {"backend": "disabled"}},
+            },
+            "disabled",
+        ),
+        ({"disable_cuda_graph": True}, "disabled"),
+        ({"cuda_graph_config": {"decode": {"max_bs": 4}}}, None),
+    ],
+)
+def test_user_prefill_backend(model_dirs, kwargs, expected):
+    args = ServerArgs(model_path=model_dirs["inkling"], **kwargs)
+    # a model default declared before parsing is not the user's
+    declare_resolution(args, "test_model_default", cuda_graph_backend_prefill="full")
+    assert ours.user_prefill_backend(args) == expected
+
+
+def test_upstream_alone_lets_every_case_through(model_dirs, monkeypatch):
+    """Can-fail control: with this module's hooks unwrapped, sglang resolves a full
+    prefill graph for all of them, and each then fails at capture on the GPU."""
+    for patch in PATCHES:
+        module, name = patch.target.rsplit(".", 1)
+        if module == upstream.__name__:
+            monkeypatch.setattr(upstream, name, getattr(upstream, name).__wrapped__)
+    cases = [
+        ("nemotron_h", {"cuda_graph_backend_prefill": "full"}, "h200"),
+        (
+            "qwen3_next",
+            {"cuda_graph_backend_prefill": "full", "attention_backend": "triton"},
+            "h200",
+        ),
+        (
+            "kimi_linear",
+            {"cuda_graph_backend_prefill": "full", "attention_backend": "flashinfer"},
+            "h200",
+        ),
+        ("inkling", {}, "a100"),
+    ]
+    for family, kwargs, gpu in cases:
+        assert (
+            prefill_backend(resolve(model_dirs, family, gpu=gpu, **kwargs))
+            == Backend.FULL
+        )
+    # and sglang's own lock lets the explicit breakable graph through on KDA
+    args = resolve(model_dirs, "kimi_linear", cuda_graph_backend_prefill="breakable")
+    assert prefill_backend(args) == Backend.BREAKABLE
