@@ -1,79 +1,230 @@
-"""Prefill latency of a GDN hybrid (tiny random Qwen3-Next) under each prefill
-CUDA-graph backend: disabled (eager), breakable (sglang's default) and full
-(upstream 0.5.23 crashes at capture; works with sglang-graphfix installed).
+"""First-token (prefill) latency of GDN hybrids under each prefill CUDA-graph
+backend: disabled (eager), breakable (sglang's default) and full (upstream
+0.5.23 crashes at capture; works with sglang-graphfix installed).
 
-Workload: a batch of 4 prompts of 16 tokens, max_new_tokens=1 (one prefill
-forward plus sampling), run WARMUP times and then REPEATS times; reports the
-median and p90 wall time of engine.generate per batch, in ms.
+Workloads: B prompts of L tokens (L in 16/64/256, B in 1/4/8), max_new_tokens=1,
+radix cache off; each run WARMUP times, then REPEATS times. Two numbers each:
+  forward_ms  the prefill forward inside the scheduler (ModelRunner.forward,
+              device-synchronised; benchmark/timer plugin), median
+  e2e_ms      engine.generate wall time (adds scheduling, sampling and IPC), median
+Models:
+  tiny        test/tiny_configs.py's random Qwen3-Next: 3 GDN + 1 attention layer
+  qwen3-next  Qwen3-Next-80B-A3B layer dimensions (hidden 2048, 16/32 GDN heads of
+              128, 512 experts top-10, attention 16/2 heads of 256), the first
+              LAYERS layers, load_format="dummy" (latency only)
 
-    python3 benchmark/prefill_graph_latency.py   # on a GPU host, sglang 0.5.23 + sglang-graphfix
+    python3 benchmark/prefill_graph_latency.py [--models tiny,qwen3-next] [--quick]
+    python3 benchmark/prefill_graph_latency.py --plot   # PNG from the committed JSON (CPU)
 
 Writes $OUT/prefill_graph_latency.json, else benchmark/results/prefill_graph_latency.json.
 """
 
+import argparse
 import json
 import os
 import statistics
 import sys
 import tempfile
+from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "test" / "gpu"), str(ROOT / "test")]
+RESULT = "prefill_graph_latency.json"
+sys.path[:0] = [
+    str(ROOT / "benchmark" / "timer"),  # the timer plugin, for the engine processes
+    str(ROOT / "test" / "gpu"),
+    str(ROOT / "test"),
+]
 
-from engine_utils import run_engine  # noqa: E402
-from models import prompts, tiny_qwen3_next  # noqa: E402
-
-WARMUP, REPEATS = 5, 30
-BACKENDS = {
-    "full": {"backend": "full", "bs": [16, 32, 64, 128], "full_prefill_max_req": 4},
+LENGTHS, BATCH_SIZES = (16, 64, 256), (1, 4, 8)
+BUCKETS = [16, 32, 64, 128, 256, 512, 1024, 2048]
+PREFILL = {
     "disabled": {"backend": "disabled"},
-    "breakable": {"backend": "breakable", "bs": [16, 32, 64, 128]},
+    "breakable": {"backend": "breakable", "bs": BUCKETS},
+    "full": {"backend": "full", "bs": BUCKETS, "full_prefill_max_req": 8},
 }
+LAYERS = 8  # of Qwen3-Next's 48: 6 GDN + 2 attention (time budget on one H200)
 
 
-def measure(model_path: str, prefill: dict) -> dict:
-    batch = {"input_ids": prompts(7, [16] * 4), "max_new_tokens": 1}
+def qwen3_next_dims(path: Path) -> str:
+    from tiny_configs import add_qwen3_next_layout
+    from transformers import Qwen3NextConfig
+
+    config = Qwen3NextConfig(
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=5120,
+        num_hidden_layers=LAYERS,
+        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * (LAYERS // 4),
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        head_dim=256,
+        partial_rotary_factor=0.25,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+        num_experts=512,
+        num_experts_per_tok=10,
+        moe_intermediate_size=512,
+        shared_expert_intermediate_size=512,
+        max_position_embeddings=4096,
+    )
+    config.architectures = ["Qwen3NextForCausalLM"]
+    config.save_pretrained(path)
+    add_qwen3_next_layout(path)
+    return str(path)
+
+
+def measure(model: dict, prefill: dict, warmup: int, repeats: int) -> dict:
+    from engine_utils import run_engine
+    from models import prompts
+
+    timer = Path(tempfile.mkdtemp(prefix="graphfix-timer")) / "forwards.txt"
+    batches = []
+    for length in LENGTHS:
+        for bs in BATCH_SIZES:
+            batch = {
+                "input_ids": prompts(length * 10 + bs, [length] * bs),
+                "max_new_tokens": 1,
+            }
+            batches += [batch] * (warmup + repeats)
     results = run_engine(
         {
-            "model_path": model_path,
+            **model["kwargs"],
             "attention_backend": "flashinfer",
+            # The GDN kernels the full graph captures, for every backend.
             "linear_attn_prefill_backend": "triton",
-            "chunked_prefill_size": 128,
-            "context_length": 1024,
-            "mem_fraction_static": 0.3,
-            "cuda_graph_max_bs_decode": 4,
-            # A batch of identical-length prompts: keep the radix cache out of it.
+            "chunked_prefill_size": BUCKETS[-1],
+            "context_length": 4096,
+            "cuda_graph_max_bs_decode": 8,
+            "max_running_requests": 8,
             "disable_radix_cache": True,
             "cuda_graph_config": {"prefill": prefill},
         },
-        [batch] * (WARMUP + REPEATS),
+        batches,
+        env={"GRAPHFIX_BENCH_TIMER": timer},
     )
-    ms = sorted(r[0]["seconds"] * 1e3 for r in results[WARMUP:])
-    return {
-        "median_ms": round(statistics.median(ms), 3),
-        "p90_ms": round(ms[int(0.9 * (len(ms) - 1))], 3),
+    forwards = defaultdict(list)  # (batch size, tokens) -> [(graph, ms)]
+    for line in timer.read_text().splitlines():
+        bs, tokens, graph, ms = line.split()
+        forwards[(int(bs), int(tokens))].append((bool(int(graph)), float(ms)))
+    report, i = {}, 0
+    for length in LENGTHS:
+        for bs in BATCH_SIZES:
+            e2e = [
+                r[0]["seconds"] * 1e3
+                for r in results[i + warmup : i + warmup + repeats]
+            ]
+            i += warmup + repeats
+            runs = forwards[(bs, bs * length)][-repeats:]
+            report[f"{length}x{bs}"] = {
+                "e2e_ms": round(statistics.median(e2e), 3),
+                "forward_ms": round(statistics.median(ms for _, ms in runs), 3)
+                if runs
+                else None,
+                "forwards_timed": len(runs),
+                "graph_forwards": sum(g for g, _ in runs),
+            }
+    return report
+
+
+def run(models: list, quick: bool) -> None:
+    import torch
+
+    warmup, repeats = (2, 5) if quick else (3, 10)
+    out = Path(os.environ.get("OUT") or ROOT / "benchmark" / "results")
+    out.mkdir(parents=True, exist_ok=True)
+    report = {
+        "device": torch.cuda.get_device_name(),
+        "workload": f"B prompts x L tokens, max_new_tokens=1, radix cache off; median of {repeats} after {warmup} warmups",
+        "models": {},
     }
+    specs = {
+        "tiny": lambda: {
+            "description": "tiny random Qwen3-Next (test/tiny_configs.py): 3 GDN + 1 attention layer",
+            "kwargs": {
+                "model_path": _tiny(),
+                "mem_fraction_static": 0.3,
+                "max_total_tokens": 32768,
+                "max_mamba_cache_size": 64,
+            },
+        },
+        "qwen3-next": lambda: {
+            "description": f"Qwen3-Next-80B-A3B layer dimensions, first {LAYERS} of 48 layers (6 GDN + 2 attention), dummy weights",
+            "kwargs": {
+                "model_path": qwen3_next_dims(
+                    Path(tempfile.mkdtemp(prefix="qwen3_next_dims"))
+                ),
+                "load_format": "dummy",
+                "mem_fraction_static": 0.6,
+                "max_total_tokens": 65536,
+                "max_mamba_cache_size": 64,
+            },
+        },
+    }
+    for name in models:
+        spec = specs[name]()
+        entry = report["models"][name] = {
+            "description": spec["description"],
+            "prefill_backend": {},
+        }
+        for backend, cfg in PREFILL.items():  # written after each backend
+            entry["prefill_backend"][backend] = measure(spec, cfg, warmup, repeats)
+            (out / RESULT).write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+
+
+def _tiny() -> str:
+    from models import tiny_qwen3_next
+
+    return tiny_qwen3_next(Path(tempfile.mkdtemp(prefix="qwen3_next")))
+
+
+def plot() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    report = json.loads((ROOT / "benchmark" / "results" / RESULT).read_text())
+    models = report["models"]
+    fig, axes = plt.subplots(
+        1, len(models), figsize=(6 * len(models), 4), squeeze=False
+    )
+    for ax, (name, entry) in zip(axes[0], models.items()):
+        keys = list(next(iter(entry["prefill_backend"].values())))
+        width = 0.8 / len(entry["prefill_backend"])
+        for j, (backend, rows) in enumerate(entry["prefill_backend"].items()):
+            ax.bar(
+                [k + j * width for k in range(len(keys))],
+                [rows[k]["forward_ms"] or 0 for k in keys],
+                width,
+                label=backend,
+            )
+        ax.set_xticks([k + width for k in range(len(keys))], keys, rotation=45)
+        ax.set_yscale("log")
+        ax.set_xlabel("prompt tokens x batch size")
+        ax.set_ylabel("prefill forward, ms (median)")
+        ax.set_title(f"{name} ({report['device']})", fontsize=9)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(ROOT / "benchmark" / "results" / "prefill_graph_latency.png", dpi=100)
 
 
 def main() -> None:
-    import torch
-
-    model_path = tiny_qwen3_next(Path(tempfile.mkdtemp(prefix="qwen3_next")))
-    report = {
-        "workload": f"4 prompts x 16 tokens, max_new_tokens=1; median of {REPEATS} after {WARMUP} warmups",
-        "model": "tiny random Qwen3-Next (test/tiny_configs.py): 3 GDN + 1 attention layer",
-        "device": torch.cuda.get_device_name(),
-        "prefill_backend": {},
-    }
-    out = Path(os.environ.get("OUT") or ROOT / "benchmark" / "results")
-    out.mkdir(parents=True, exist_ok=True)
-    for name, cfg in BACKENDS.items():  # written after each backend
-        report["prefill_backend"][name] = measure(model_path, cfg)
-        (out / "prefill_graph_latency.json").write_text(
-            json.dumps(report, indent=2) + "\n"
-        )
-    print(json.dumps(report, indent=2))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="tiny,qwen3-next")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats")
+    parser.add_argument(
+        "--plot", action="store_true", help="only draw the committed JSON"
+    )
+    args = parser.parse_args()
+    if args.plot:
+        plot()
+    else:
+        run(args.models.split(","), args.quick)
 
 
 if __name__ == "__main__":

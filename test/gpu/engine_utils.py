@@ -58,10 +58,19 @@ def _parse(out: dict) -> dict:
         # Best two logprobs per step: a greedy split between engines is only
         # acceptable where these are (nearly) tied.
         "top2": [[float(t[0]) for t in (row or [])[:2]] for row in top],
+        # The first generated token's top-k logprobs (top_logprobs_num of them),
+        # token id -> logprob: the prefill's logits, compared by first_token_topk.
+        "first_topk": {int(t[1]): float(t[0]) for t in (top[0] or [])} if top else {},
     }
 
 
-def run_engine(engine_kwargs: dict, batches: list, *, env: dict | None = None) -> list:
+def run_engine(
+    engine_kwargs: dict,
+    batches: list,
+    *,
+    env: dict | None = None,
+    top_logprobs_num: int = 2,
+) -> list:
     """Start an Engine, run each batch in order, shut it down.
 
     A batch: {"input_ids": [[int]], "max_new_tokens": int, "lora_path": str|None}.
@@ -88,7 +97,7 @@ def run_engine(engine_kwargs: dict, batches: list, *, env: dict | None = None) -
                         "ignore_eos": True,
                     },
                     return_logprob=True,
-                    top_logprobs_num=2,
+                    top_logprobs_num=top_logprobs_num,
                     lora_path=[lora] * len(prompts) if lora else None,
                 )
                 seconds = time.perf_counter() - start
@@ -126,12 +135,42 @@ def compare(reference: list, candidate: list, *, tol: float) -> dict:
             compared += 1
             if diff > tol:
                 mismatches.append({"prompt": i, "step": t, "logprob_diff": diff})
+        else:  # every shared step agreed: the outputs must also be as long
+            if len(a["output_ids"]) != len(b["output_ids"]):
+                mismatches.append(
+                    {
+                        "prompt": i,
+                        "lengths": [len(a["output_ids"]), len(b["output_ids"])],
+                    }
+                )
     return {
         "compared_steps": compared,
         "max_logprob_diff": max_diff,
         "near_tie_splits": splits,
         "mismatches": mismatches,
     }
+
+
+def diverged(report: dict) -> bool:
+    """For can-fail controls: a compare() report whose greedy outputs left the
+    reference anywhere, including at a near tie (the graph-vs-eager checks
+    accept those; a random tiny model has many, so a broken state can hide
+    behind one)."""
+    return bool(report["mismatches"] or report["near_tie_splits"])
+
+
+def first_token_topk(reference: list, candidate: list) -> dict:
+    """The prefill's logits, as the first generated token's top-k logprobs of two
+    engines (run_engine(top_logprobs_num=k)): how many of the k token ids both
+    rank in their top k, and the largest logprob difference among those."""
+    max_diff, shared, k = 0.0, [], 0
+    for a, b in zip(reference, candidate):
+        ta, tb = a["first_topk"], b["first_topk"]
+        k = max(k, len(ta))
+        common = ta.keys() & tb.keys()
+        shared.append(len(common))
+        max_diff = max([max_diff] + [abs(ta[t] - tb[t]) for t in common])
+    return {"k": k, "shared_topk_per_prompt": shared, "max_logprob_diff": max_diff}
 
 
 def write_result(name: str, payload: dict) -> None:

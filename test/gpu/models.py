@@ -24,3 +24,94 @@ def tiny_qwen3_next(path: Path) -> str:
 def prompts(seed: int, lengths, vocab: int = 2048) -> list:
     rng = random.Random(seed)
     return [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
+
+
+def tiny_kimi_linear(path: Path) -> str:
+    """KDA hybrid (Kimi-Linear layout): 3 KDA layers (2 heads of 128, as in the
+    real model) + 1 MLA layer with DeepSeek's MLA dims, a dense first layer, then
+    MoE. Weights from transformers' KimiLinearForCausalLM (save_pretrained writes
+    the original checkpoint layout, which sglang loads); config.json from
+    sglang's KimiLinearConfig (the linear_attn_config layout sglang reads)."""
+    from transformers import AutoModelForCausalLM
+    from transformers import KimiLinearConfig as HFKimiLinearConfig
+
+    from sglang.srt.configs import KimiLinearConfig
+
+    dims = dict(
+        vocab_size=2048,
+        hidden_size=256,
+        intermediate_size=512,
+        moe_intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=512,
+        q_lora_rank=None,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        num_experts=4,
+        num_expert_group=1,
+        topk_group=1,
+        routed_scaling_factor=1.0,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    kda = {"head_dim": 128, "num_heads": 2, "short_conv_kernel_size": 4}
+    hf = HFKimiLinearConfig(
+        **dims,
+        num_local_experts=dims["num_experts"],
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        mlp_layer_types=["dense"] + ["sparse"] * 3,
+        linear_head_dim=kda["head_dim"],
+        linear_num_heads=kda["num_heads"],
+        linear_conv_kernel_dim=kda["short_conv_kernel_size"],
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf, dtype=torch.bfloat16)
+    model.save_pretrained(path)
+    _dense_mlp_names(Path(path) / "model.safetensors", dense_layers=[0])
+    config = KimiLinearConfig(
+        **dims,
+        num_experts_per_token=2,
+        num_shared_experts=1,
+        first_k_dense_replace=1,
+        mla_use_nope=True,
+        linear_attn_config={**kda, "kda_layers": [1, 2, 3], "full_attn_layers": [4]},
+    )
+    config.architectures = ["KimiLinearForCausalLM"]
+    config.save_pretrained(path)  # replaces transformers' config.json
+    return str(path)
+
+
+def _dense_mlp_names(weights: Path, dense_layers) -> None:
+    """transformers' save renames every ``.mlp.`` to the checkpoint's MoE name
+    ``.block_sparse_moe.``, the dense layers' MLPs too; the original checkpoint
+    (and sglang's loader) keeps those under ``.mlp.``."""
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(weights)
+    for layer in dense_layers:
+        moe, mlp = f".layers.{layer}.block_sparse_moe.", f".layers.{layer}.mlp."
+        state = {k.replace(moe, mlp): v for k, v in state.items()}
+    save_file(state, weights, metadata={"format": "pt"})
+
+
+def tiny_llama(path: Path, seed: int = 0) -> str:
+    """Llama (no linear attention): tiny_configs' 2-layer config, transformers'
+    LlamaForCausalLM weights from ``seed``."""
+    from tiny_configs import FAMILIES
+    from transformers import AutoModelForCausalLM
+
+    config = FAMILIES["llama"][0]()
+    config.architectures = ["LlamaForCausalLM"]
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(path)
+    return str(path)

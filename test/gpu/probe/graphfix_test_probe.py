@@ -4,11 +4,16 @@ this folder on PYTHONPATH for the engine processes).
 Counts, in files under GRAPHFIX_PROBE_DIR (one byte per event):
   gdn_graph_capture / gdn_graph_replay   GDN full prefill graph tables filled
                                          for a capture / before a replay
+  kda_graph_capture / kda_graph_replay   the same for KDA (Kimi-Linear)
   dsa_lora_head_gate                     Indexer._get_logits_head_gate with a
                                          LoRA-owned weights_proj (only the graph
                                          split op calls it so)
-GRAPHFIX_PROBE_FAULT=gdn_wrong_state points every real request of a GDN graph
-replay at the padding state slot: the test uses it to show it can fail.
+  graphfix_absent / graphfix_present     with GRAPHFIX_PROBE_UPSTREAM=1: whether
+                                         this process runs without sglang-graphfix
+                                         (the upstream baseline)
+Faults (GRAPHFIX_PROBE_FAULT), each pointing every real request of a graph
+replay at the padding state slot (a wrong state-index table), so the tests can
+show their comparison fails: gdn_wrong_state (GDN), kda_wrong_state (KDA).
 """
 
 import os
@@ -22,6 +27,9 @@ def _bump(name):
 def register():
     if not os.environ.get("GRAPHFIX_PROBE_DIR"):
         return
+    if os.environ.get("GRAPHFIX_PROBE_UPSTREAM"):
+        _record_upstream()
+        return
     import sglang_graphfix
 
     sglang_graphfix.register()  # wrap on top of the real patches
@@ -34,17 +42,18 @@ def register():
         weights_proj_has_lora,
     )
 
-    fill = hybrid.prepare_full_prefill_graph_tables
-    wrong_state = os.environ.get("GRAPHFIX_PROBE_FAULT") == "gdn_wrong_state"
-
-    def counted_fill(backend, forward_batch, *, in_capture):
-        meta = fill(backend, forward_batch, in_capture=in_capture)
-        _bump("gdn_graph_capture" if in_capture else "gdn_graph_replay")
-        if wrong_state and not in_capture:
-            meta.cache_indices.masked_fill_(meta.cache_indices >= 0, 0)
-        return meta
-
-    hybrid.prepare_full_prefill_graph_tables = counted_fill
+    fault = os.environ.get("GRAPHFIX_PROBE_FAULT")
+    for family, name in (
+        ("gdn", "prepare_full_prefill_graph_tables"),
+        ("kda", "prepare_kda_full_prefill_graph_tables"),
+    ):
+        setattr(
+            hybrid,
+            name,
+            _counted_fill(
+                getattr(hybrid, name), family, fault == f"{family}_wrong_state"
+            ),
+        )
 
     gate = Indexer._get_logits_head_gate
 
@@ -54,3 +63,27 @@ def register():
         return gate(self, x, q_scale)
 
     Indexer._get_logits_head_gate = counted_gate
+
+
+def _counted_fill(fill, family, wrong_state):
+    def counted_fill(backend, forward_batch, *, in_capture):
+        meta = fill(backend, forward_batch, in_capture=in_capture)
+        _bump(f"{family}_graph_capture" if in_capture else f"{family}_graph_replay")
+        if wrong_state and not in_capture:
+            meta.cache_indices.masked_fill_(meta.cache_indices >= 0, 0)
+        return meta
+
+    return counted_fill
+
+
+def _record_upstream():
+    """Baseline runs (SGLANG_PLUGINS=graphfix_test_probe): record whether
+    sglang-graphfix's hooks are absent from this process."""
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
+        HybridLinearAttnBackend,
+    )
+
+    patched = hasattr(
+        HybridLinearAttnBackend.init_forward_metadata_out_graph, "__wrapped__"
+    )
+    _bump("graphfix_present" if patched else "graphfix_absent")

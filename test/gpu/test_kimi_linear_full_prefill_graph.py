@@ -1,0 +1,148 @@
+"""Hybrid KDA attention (tiny random Kimi-Linear) with a full prefill CUDA graph,
+on a real sglang.Engine, against the same engine with the prefill graph disabled.
+
+The KDA extend runs on upstream's breakable-graph tables (KDAPrefillGraphMetadata),
+one per captured token bucket, refilled before every replay (probe counter
+kda_graph_replay). Kimi-Linear's full attention is MLA: the engines run fa3, whose
+MLA path has a full prefill graph plan and cached-prefix variants (FlashInfer's
+MLA backend plans no EXTEND for full graphs; see
+test_hybrid_linear_attn_backend.py::test_full_attention_without_a_full_prefill_plan_fails_clearly).
+"""
+
+import pytest
+from engine_utils import (
+    diverged,
+    compare,
+    first_token_topk,
+    probe_count,
+    run_engine,
+    write_result,
+)
+from models import prompts, tiny_kimi_linear
+
+# Greedy logprobs of the graph and eager engines: the same Triton KDA kernels on
+# both, but the MLA layer's prefill is planned differently (bf16 rounding moves
+# logprobs by ~0.01). A wrong linear state moves them far past this (see
+# test_wrong_graph_state_changes_outputs).
+TOL = 0.05
+CHUNK = 256  # also the largest captured token bucket
+SLOTS = 4  # full_prefill_max_req
+TOPK = 20
+P300 = prompts(10, [300])[0]
+BATCHES = [
+    # 0-1: single short prompts (buckets 8 and 64).
+    {"input_ids": prompts(11, [5]), "max_new_tokens": 8},
+    {"input_ids": prompts(12, [37]), "max_new_tokens": 8},
+    # 2: >= 300 tokens: a 256-token chunk, then 44 tokens that continue its KDA
+    #    state from a 256-token prefix (a cached-prefix graph variant).
+    {"input_ids": [P300], "max_new_tokens": 8},
+    # 3: fewer requests than the prefill slot count.
+    {"input_ids": prompts(13, [5, 37, 90]), "max_new_tokens": 8},
+    # 4: a prompt sharing batch 2's prefix: the radix cache restores the KDA
+    #    state tracked there.
+    {"input_ids": [P300[:256] + prompts(14, [30])[0]], "max_new_tokens": 8},
+    # 5: every slot.
+    {"input_ids": prompts(15, [5, 17, 33, 90]), "max_new_tokens": 8},
+]
+EXPECT_REPLAY = (0, 1, 3, 5)  # plain prefills inside the bucket padding limit
+FULL = {
+    "backend": "full",
+    "bs": [8, 16, 32, 64, 128, CHUNK],
+    "full_prefill_max_req": SLOTS,
+}
+
+
+def _engine_kwargs(model_path, prefill):
+    return {
+        "model_path": model_path,
+        "attention_backend": "fa3",
+        # The checkpoint is bf16; sglang's KimiLinearConfig names no dtype, and an
+        # fp16 model breaks upstream's eager KDA prefix-cache snapshot (its bf16
+        # conv pool: "Index put requires the source and destination dtypes match").
+        "dtype": "bfloat16",
+        # The KDA kernels the full graph captures, on every engine.
+        "linear_attn_prefill_backend": "triton",
+        "chunked_prefill_size": CHUNK,
+        "context_length": 2048,
+        # Capped pools: the GPU suite runs several engines on one GPU at once.
+        "mem_fraction_static": 0.3,
+        "max_total_tokens": 32768,
+        "max_mamba_cache_size": 64,
+        "cuda_graph_max_bs_decode": SLOTS,
+        "cuda_graph_config": {"prefill": prefill},
+    }
+
+
+@pytest.fixture(scope="module")
+def kimi_linear_path(tmp_path_factory):
+    return tiny_kimi_linear(tmp_path_factory.mktemp("kimi_linear"))
+
+
+@pytest.fixture(scope="module")
+def eager(kimi_linear_path):
+    return run_engine(
+        _engine_kwargs(kimi_linear_path, {"backend": "disabled"}),
+        BATCHES,
+        top_logprobs_num=TOPK,
+    )
+
+
+def _replays_per_batch(results, before):
+    counts = [r[0]["probe_counts"].get("kda_graph_replay", 0) for r in results]
+    return [b - a for a, b in zip([before] + counts, counts)]
+
+
+@pytest.fixture(scope="module")
+def graph(kimi_linear_path):
+    before = probe_count("kda_graph_replay")
+    results = run_engine(
+        _engine_kwargs(kimi_linear_path, FULL), BATCHES, top_logprobs_num=TOPK
+    )
+    return results, _replays_per_batch(results, before)
+
+
+def test_full_prefill_graph_replays(graph):
+    _, replays = graph
+    assert probe_count("kda_graph_capture") > 0, "no KDA tables were captured"
+    assert all(replays[i] > 0 for i in EXPECT_REPLAY), (
+        f"KDA graph replays per batch: {replays}"
+    )
+
+
+def test_full_prefill_graph_matches_eager(graph, eager):
+    results, replays = graph
+    per_batch = [compare(e, g, tol=TOL) for e, g in zip(eager, results)]
+    first = [first_token_topk(e, g) for e, g in zip(eager, results)]
+    write_result(
+        "kimi_linear_full_prefill_vs_eager",
+        {
+            "tolerance": TOL,
+            "prompt_lengths": [[len(p) for p in b["input_ids"]] for b in BATCHES],
+            "graph_replays": replays,
+            "batches": per_batch,
+            "first_token_top20": first,
+        },
+    )
+    for r in per_batch:
+        assert r["compared_steps"] > 0 and not r["mismatches"], r
+    for f in first:  # the prefill's logits: same top-20 tokens, same logprobs
+        assert min(f["shared_topk_per_prompt"]) >= TOPK - 2, f
+        assert f["max_logprob_diff"] <= TOL, f
+
+
+def test_wrong_graph_state_changes_outputs(kimi_linear_path, graph, eager):
+    """Can-fail control: the graph engine again, with every replay's state-index
+    table pointed at the padding slot (test probe fault kda_wrong_state); its
+    outputs must leave the tolerance in every batch that replayed."""
+    results = run_engine(
+        _engine_kwargs(kimi_linear_path, FULL),
+        BATCHES,
+        env={"GRAPHFIX_PROBE_FAULT": "kda_wrong_state"},
+    )
+    per_batch = [compare(e, f, tol=TOL) for e, f in zip(eager, results)]
+    write_result(
+        "kimi_linear_full_prefill_wrong_state",
+        {"tolerance": TOL, "batches": per_batch},
+    )
+    replayed = [r for r, n in zip(per_batch, graph[1]) if n]
+    assert replayed and all(diverged(r) for r in replayed), per_batch
