@@ -1,5 +1,5 @@
-"""A tiny random DeepSeek-V3.2 (DSA) checkpoint and a LoRA adapter on its indexer
-``weights_proj``, for the GPU tests.
+"""A tiny random DeepSeek-V3.2 (DSA) checkpoint and LoRA adapters on its indexer
+``weights_proj`` (and attention projections), for the GPU tests.
 
 The checkpoint is transformers' own DeepseekV32ForCausalLM with its own init (a
 realistic weight scale, unlike sglang's load_format="dummy"). Shapes are the
@@ -96,37 +96,61 @@ def build_tiny_dsa_model(path) -> str:
     return str(path)
 
 
-def weights_proj_lora_key(layer: int, matrix: str) -> str:
-    """PEFT's tensor name for the adapter on layer's indexer weights_proj."""
-    return f"base_model.model.model.layers.{layer}.self_attn.indexer.weights_proj.{matrix}.weight"
+# Attention projections an adapter may also target (module -> (in, out) from
+# the config), in sglang's DeepSeek attention under the same names.
+def _attention_shapes(config: dict) -> dict:
+    heads = config["num_attention_heads"]
+    qk_head_dim = config["qk_nope_head_dim"] + config["qk_rope_head_dim"]
+    return {
+        "q_b_proj": (config["q_lora_rank"], heads * qk_head_dim),
+        "o_proj": (heads * config["v_head_dim"], config["hidden_size"]),
+    }
 
 
-def build_weights_proj_adapter(
-    model_dir, adapter_dir, rank: int = 8, scale: float = 1.0
+def lora_key(layer: int, module: str, matrix: str) -> str:
+    """PEFT's tensor name for the adapter on layer's self_attn.<module>."""
+    return f"base_model.model.model.layers.{layer}.self_attn.{module}.{matrix}.weight"
+
+
+def build_lora_adapter(
+    model_dir,
+    adapter_dir,
+    *,
+    rank: int = 8,
+    seed: int = 1234,
+    scale: float = 1.0,
+    attention_scale: float | None = None,
 ) -> str:
-    """Write a PEFT-format LoRA adapter on every layer's indexer.weights_proj
-    (without peft: adapter_config.json + adapter_model.safetensors).
+    """Write a PEFT-format LoRA adapter (without peft: adapter_config.json +
+    adapter_model.safetensors) on every layer's indexer.weights_proj and, with
+    attention_scale, also on the attention projections q_b_proj and o_proj.
 
-    lora_A ~ N(0, 1/hidden), so A·x ~ N(0, 1) per rank for the RMS-normalized
-    hidden state the indexer reads; lora_B ~ N(0, scale^2) and scaling
-    lora_alpha / r = 1. Per head the delta has std ~ scale * sqrt(rank) (2.8 by
-    default) against ~ 0.02 * sqrt(hidden) = 0.32 for the base gate, so the
-    adapter decides which tokens the indexer keeps.
+    lora_A ~ N(0, 1/in), so A·x ~ N(0, 1) per rank for a unit-RMS input (the
+    RMS-normalized hidden state the indexer reads); lora_B ~ N(0, scale^2) and
+    scaling lora_alpha / r = 1. Per head the weights_proj delta has std
+    ~ scale * sqrt(rank) (2.8 at rank 8) against ~ 0.02 * sqrt(hidden) = 0.32 for
+    the base gate, so the adapter decides which tokens the indexer keeps. The
+    attention deltas (attention_scale * sqrt(rank)) are kept at a fraction of
+    their base projections' 0.32.
     """
     from safetensors.torch import save_file
 
-    model_config = json.loads((Path(model_dir) / "config.json").read_text())
-    hidden = model_config["hidden_size"]
-    heads = model_config["index_n_heads"]
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    shapes = {"indexer.weights_proj": (config["hidden_size"], config["index_n_heads"])}
+    scales = {"indexer.weights_proj": scale}
+    if attention_scale is not None:
+        for module, shape in _attention_shapes(config).items():
+            shapes[module], scales[module] = shape, attention_scale
     adapter_dir = Path(adapter_dir)
     adapter_dir.mkdir(parents=True, exist_ok=True)
-    gen = torch.Generator().manual_seed(1234)
+    gen = torch.Generator().manual_seed(seed)
     tensors = {}
-    for layer in range(model_config["num_hidden_layers"]):
-        a = torch.randn(rank, hidden, generator=gen) / math.sqrt(hidden)
-        b = torch.randn(heads, rank, generator=gen) * scale
-        tensors[weights_proj_lora_key(layer, "lora_A")] = a.bfloat16().contiguous()
-        tensors[weights_proj_lora_key(layer, "lora_B")] = b.bfloat16().contiguous()
+    for layer in range(config["num_hidden_layers"]):
+        for module, (fan_in, fan_out) in shapes.items():
+            a = torch.randn(rank, fan_in, generator=gen) / math.sqrt(fan_in)
+            b = torch.randn(fan_out, rank, generator=gen) * scales[module]
+            tensors[lora_key(layer, module, "lora_A")] = a.bfloat16().contiguous()
+            tensors[lora_key(layer, module, "lora_B")] = b.bfloat16().contiguous()
     save_file(tensors, str(adapter_dir / "adapter_model.safetensors"))
     adapter_config = {
         "peft_type": "LORA",
@@ -136,8 +160,8 @@ def build_weights_proj_adapter(
         "lora_alpha": rank,
         "lora_dropout": 0.0,
         "bias": "none",
-        # sglang normalizes the leaf name to "indexer.weights_proj".
-        "target_modules": ["weights_proj"],
+        # sglang normalizes the leaf name weights_proj to "indexer.weights_proj".
+        "target_modules": [module.rsplit(".", 1)[-1] for module in shapes],
         "fan_in_fan_out": False,
         "use_rslora": False,
         "use_dora": False,

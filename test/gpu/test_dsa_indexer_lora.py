@@ -1,38 +1,69 @@
 """DSA indexer weights_proj LoRA (tiny random DeepSeek-V3.2) under sglang's default
-breakable prefill CUDA graph, on a real sglang.Engine, against the same engine
-with the prefill graph disabled. Upstream 0.5.23 refuses at capture
+breakable prefill CUDA graph, on real sglang.Engines, against the same engine with
+the prefill graph disabled. Upstream 0.5.23 refuses at capture
 (GRAPH_WEIGHTS_PROJ_LORA_ERROR), so the server cannot start with such an adapter.
 
-Two engines, both with the adapter loaded and indexer fusion off (the LoRA
-manager rejects indexer targets with it on):
-  graph: prefill graph left at sglang's default (breakable); runs a short warm-up,
-         the prompts with the adapter, then the same prompts without it.
-  eager: prefill graph disabled; runs the same warm-up and adapter prompts.
+Two adapters of different ranks, both on indexer.weights_proj: "wp" (rank 8, that
+module only) and "full" (rank 16, also the attention projections q_b_proj and
+o_proj, whose LoRA kernels are captured in the graph's segments). sglang's Triton
+LoRA backend (GRAPHFIX_DSA_LORA_BACKEND overrides it, e.g. csgmv, the server
+default), indexer fusion off (the LoRA manager rejects indexer targets with it on).
+Three engine starts:
+  graph:    prefill graph left at sglang's default (breakable), sglang-graphfix
+            loaded; a warm-up, the prompts with each adapter and without one, one
+            mixed batch (a request per adapter and one without) and each of its
+            requests alone.
+  eager:    prefill graph disabled; the warm-up and the prompts with each adapter.
+  baseline: the graph engine's arguments in a child process whose only plugin
+            is the test probe in its upstream mode (it applies nothing and
+            records, per engine process, that sglang-graphfix is absent): it
+            must fail at startup with upstream's error.
 """
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 from dsa_model import (
     CONTEXT,
     INDEX_TOPK,
     NUM_LAYERS,
+    build_lora_adapter,
     build_tiny_dsa_model,
-    build_weights_proj_adapter,
     dsa_prompts,
 )
-from engine_utils import compare, probe_count, run_engine, write_result
+from engine_utils import (
+    PROBE_PATH,
+    _env,
+    _parse,
+    compare,
+    probe_count,
+    probe_counts,
+    write_result,
+)
 
 # Greedy logprobs of the graph and eager engines: both run the same bf16 kernels
 # on the same data (the graph pads the token count to its bucket), so they should
 # agree to rounding. Estimated with transformers' fp32 CPU forward of this
-# checkpoint: the adapter changes the first greedy token of one prompt in four
-# and moves the chosen logprob of the others by 0.03 / 0.17 / 0.23 (over the last
-# 64 positions of a 4000-token prompt: half the argmaxes flip, median 0.14),
+# checkpoint: the "wp" adapter changes the first greedy token of one prompt in
+# four and moves the chosen logprob of the others by 0.03 / 0.17 / 0.23 (over the
+# last 64 positions of a 4000-token prompt: half the argmaxes flip, median 0.14),
 # while re-running the model in bf16 instead of fp32 moves them by a median
 # 0.035. test_adapter_changes_outputs checks that 0.05 tells the adapter apart
-# on the GPU run itself.
+# on the GPU run itself. The split op's head gate keeps the base GEMM in fp32
+# (as without LoRA) where the eager LoRA path rounds base + delta to bf16: a
+# 0.4% gate difference, far below the adapter's.
 TOL = 0.05
-ADAPTER = "wp"
-RANK = 8
+LORA_BACKEND = os.environ.get("GRAPHFIX_DSA_LORA_BACKEND", "triton")
+ADAPTERS = {
+    "wp": {"rank": 8, "seed": 1234},
+    "full": {"rank": 16, "seed": 4321, "attention_scale": 0.03},
+}
+TARGETS = ["weights_proj", "q_b_proj", "o_proj"]
 COUNTER = "dsa_lora_head_gate"
 # Longer than index_topk, so the indexer drops up to half of each context and
 # the split op computes the head gate (it skips the logits when every sequence
@@ -47,78 +78,149 @@ PROMPTS = dsa_prompts(0, PROMPT_LENS)
 # Shorter than index_topk: the indexer stores K only (no head gate), and no
 # bucket fits it, so it prefills eagerly. Its counter snapshot is the baseline
 # after startup (capture included).
-WARMUP = {"input_ids": dsa_prompts(1, [64]), "max_new_tokens": 1, "lora_path": ADAPTER}
-WITH_ADAPTER = {
-    "input_ids": PROMPTS,
-    "max_new_tokens": MAX_NEW_TOKENS,
-    "lora_path": ADAPTER,
-}
-WITHOUT_ADAPTER = {
-    "input_ids": PROMPTS,
-    "max_new_tokens": MAX_NEW_TOKENS,
-    "lora_path": None,
-}
+WARMUP = {"input_ids": dsa_prompts(1, [64]), "max_new_tokens": 1, "lora_path": "wp"}
+
+
+def _batch(prompts, lora_path):
+    return {
+        "input_ids": prompts,
+        "max_new_tokens": MAX_NEW_TOKENS,
+        "lora_path": lora_path,
+    }
+
+
+WITH = {name: _batch(PROMPTS, name) for name in ADAPTERS}
+WITHOUT = _batch(PROMPTS, None)
+# One prefill forward (10700 tokens, bucket 16384) serving a request per adapter
+# and one without; each request alone replays the 4096 bucket.
+MIXED_LORAS = ["wp", None, "full"]
+MIXED = _batch(PROMPTS[:3], MIXED_LORAS)
+ALONE = [_batch([p], lora) for p, lora in zip(PROMPTS, MIXED_LORAS)]
 ENV = {"SGLANG_DISABLE_DSA_INDEXER_FUSION": "1"}
+# The baseline's plugins: not "graphfix", only the test probe, whose upstream
+# mode skips its usual sglang_graphfix.register() and records instead whether
+# each engine process runs without sglang-graphfix's hooks.
+BASELINE_ENV = {
+    "SGLANG_PLUGINS": "graphfix_test_probe",
+    "GRAPHFIX_PROBE_UPSTREAM": "1",
+}
 
 assert min(PROMPT_LENS) > INDEX_TOPK and max(PROMPT_LENS) + MAX_NEW_TOKENS < CONTEXT
 
 
-def _engine_kwargs(model_path, adapter_path, prefill):
+def _engine_kwargs(model_path, adapter_paths, prefill):
     return {
         "model_path": model_path,
         # DSA defaults to an fp8 KV cache; bf16 selects the flashmla_sparse
         # prefill and fa3 decode (attention backend "dsa" is picked for DSA).
         "kv_cache_dtype": "bfloat16",
         "enable_lora": True,
-        "lora_paths": {ADAPTER: adapter_path},
-        "max_lora_rank": RANK,
-        "lora_target_modules": ["weights_proj"],
-        "max_loras_per_batch": 2,
+        "lora_paths": adapter_paths,
+        "lora_backend": LORA_BACKEND,
+        "max_lora_rank": max(a["rank"] for a in ADAPTERS.values()),
+        "lora_target_modules": TARGETS,
+        # Both adapters and the base model in one batch.
+        "max_loras_per_batch": 3,
         "context_length": CONTEXT,
         "chunked_prefill_size": 16384,
         # Every batch prefills its whole prompts (no prefix reuse across the
         # adapter and base-model runs).
         "disable_radix_cache": True,
         "mem_fraction_static": 0.3,
+        "max_total_tokens": 32768,
         "cuda_graph_config": {"decode": {"max_bs": 4}, "prefill": prefill},
     }
 
 
+def _graph_prefill():
+    """Default (breakable) prefill graph: only the capture buckets are set."""
+    return {"max_bs": max(PREFILL_BUCKETS), "bs": PREFILL_BUCKETS}
+
+
+def _run_engine(engine_kwargs: dict, batches: list) -> list:
+    """engine_utils.run_engine, except that a batch's lora_path may also be a
+    list with one adapter (or None) per prompt."""
+    import sglang
+
+    kwargs = {"skip_tokenizer_init": True, "log_level": "warning", **engine_kwargs}
+    results = []
+    with _env(ENV):
+        engine = sglang.Engine(**kwargs)
+        try:
+            for batch in batches:
+                prompts, lora = batch["input_ids"], batch.get("lora_path")
+                loras = lora if isinstance(lora, list) else [lora] * len(prompts)
+                start = time.perf_counter()
+                outs = engine.generate(
+                    input_ids=prompts,
+                    sampling_params={
+                        "temperature": 0.0,
+                        "max_new_tokens": batch["max_new_tokens"],
+                        "ignore_eos": True,
+                    },
+                    return_logprob=True,
+                    top_logprobs_num=2,
+                    lora_path=loras if any(loras) else None,
+                )
+                seconds = time.perf_counter() - start
+                parsed = [_parse(o) for o in outs]
+                parsed[0]["probe_counts"] = probe_counts()
+                parsed[0]["seconds"] = seconds
+                results.append(parsed)
+        finally:
+            engine.shutdown()
+    return results
+
+
+class EngineStartupError(RuntimeError):
+    """The engine did not start; the message is the child process's output."""
+
+
+_CHILD = """
+import json, sys
+import sglang
+engine = sglang.Engine(**json.loads(sys.argv[1]))
+print("ENGINE_STARTED", flush=True)
+engine.shutdown()
+"""
+
+
+def _start_engine_without_graphfix(engine_kwargs: dict, timeout: int = 900) -> None:
+    """Start (and shut down) an engine in a child Python with BASELINE_ENV; raise
+    EngineStartupError with its output if it does not start. A child, because a
+    scheduler that fails at startup SIGQUITs its parent, whose handler kills
+    that process tree."""
+    env = {**os.environ, **ENV, **BASELINE_ENV}
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(PROBE_PATH), os.environ.get("PYTHONPATH")) if p
+    )
+    env.pop("GRAPHFIX_PROBE_FAULT", None)
+    kwargs = {"skip_tokenizer_init": True, "log_level": "warning", **engine_kwargs}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, json.dumps(kwargs)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        raise EngineStartupError(f"timed out after {timeout} s:\n{output}") from None
+    finally:
+        try:  # its scheduler/detokenizer, if any outlived it
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if proc.returncode != 0 or "ENGINE_STARTED" not in output:
+        raise EngineStartupError(f"exit code {proc.returncode}:\n{output}")
+
+
 def _counts(batch_result):
     return batch_result[0]["probe_counts"].get(COUNTER, 0)
-
-
-@pytest.fixture(scope="module")
-def dsa_paths(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dsa")
-    model = build_tiny_dsa_model(root / "model")
-    return model, build_weights_proj_adapter(model, root / "adapter", rank=RANK)
-
-
-@pytest.fixture(scope="module")
-def graph_run(dsa_paths):
-    """Default (breakable) prefill graph: only the capture buckets are set."""
-    before = probe_count(COUNTER)
-    kwargs = _engine_kwargs(
-        *dsa_paths, {"max_bs": max(PREFILL_BUCKETS), "bs": PREFILL_BUCKETS}
-    )
-    warmup, with_adapter, without_adapter = run_engine(
-        kwargs, [WARMUP, WITH_ADAPTER, WITHOUT_ADAPTER], env=ENV
-    )
-    return {
-        "before": before,
-        "warmup": warmup,
-        "with": with_adapter,
-        "without": without_adapter,
-    }
-
-
-@pytest.fixture(scope="module")
-def eager_run(dsa_paths):
-    before = probe_count(COUNTER)
-    kwargs = _engine_kwargs(*dsa_paths, {"backend": "disabled"})
-    warmup, with_adapter = run_engine(kwargs, [WARMUP, WITH_ADAPTER], env=ENV)
-    return {"before": before, "warmup": warmup, "with": with_adapter}
 
 
 def _first_step_diffs(a, b):
@@ -133,51 +235,151 @@ def _first_step_diffs(a, b):
     ]
 
 
+@pytest.fixture(scope="module")
+def dsa_paths(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dsa")
+    model = build_tiny_dsa_model(root / "model")
+    adapters = {
+        name: build_lora_adapter(model, root / name, **spec)
+        for name, spec in ADAPTERS.items()
+    }
+    return model, adapters
+
+
+@pytest.fixture(scope="module")
+def graph_run(dsa_paths):
+    before = probe_count(COUNTER)
+    names = ["warmup", *(f"with_{n}" for n in ADAPTERS), "without", "mixed"]
+    batches = [WARMUP, *WITH.values(), WITHOUT, MIXED, *ALONE]
+    results = _run_engine(_engine_kwargs(*dsa_paths, _graph_prefill()), batches)
+    run = dict(zip(names, results))
+    run["alone"] = [r[0] for r in results[len(names) :]]
+    run["before"] = before
+    return run
+
+
+@pytest.fixture(scope="module")
+def eager_run(dsa_paths):
+    before = probe_count(COUNTER)
+    kwargs = _engine_kwargs(*dsa_paths, {"backend": "disabled"})
+    results = _run_engine(kwargs, [WARMUP, *WITH.values()])
+    return {
+        "before": before,
+        "warmup": results[0],
+        **{f"with_{name}": r for name, r in zip(ADAPTERS, results[1:])},
+    }
+
+
+def test_upstream_fails_at_startup_without_graphfix(dsa_paths):
+    """The documented baseline: the graph engine's arguments, with sglang-graphfix
+    not loaded in any engine process, stop at the breakable graph's capture with
+    upstream's error."""
+    from sglang.srt.layers.attention.dsa.dsa_prefill_cuda_graph import (
+        GRAPH_WEIGHTS_PROJ_LORA_ERROR,
+    )
+
+    absent, present = probe_count("graphfix_absent"), probe_count("graphfix_present")
+    start = time.perf_counter()
+    with pytest.raises(EngineStartupError) as raised:
+        _start_engine_without_graphfix(_engine_kwargs(*dsa_paths, _graph_prefill()))
+    output = str(raised.value)
+    absent = probe_count("graphfix_absent") - absent
+    present = probe_count("graphfix_present") - present
+    write_result(
+        "dsa_lora_upstream_baseline",
+        {
+            **BASELINE_ENV,
+            "startup_failed": True,
+            "upstream_error": GRAPH_WEIGHTS_PROJ_LORA_ERROR in output,
+            "processes_without_graphfix": absent,
+            "processes_with_graphfix": present,
+            "seconds": time.perf_counter() - start,
+            "output_tail": output[-3000:],
+        },
+    )
+    assert absent > 0 and present == 0, (
+        f"sglang-graphfix was not excluded: {absent} processes without it, "
+        f"{present} with it"
+    )
+    assert GRAPH_WEIGHTS_PROJ_LORA_ERROR in output, output[-3000:]
+
+
 def test_breakable_engine_starts_and_captures_the_lora_split_op(graph_run):
     """Capturing a bucket longer than index_topk runs the indexer split op with the
     LoRA-owned weights_proj: where upstream raised."""
     captured = _counts(graph_run["warmup"]) - graph_run["before"]
-    write_result("dsa_lora_startup", {"capture_head_gate_calls": captured})
+    write_result(
+        "dsa_lora_startup",
+        {"capture_head_gate_calls": captured, "lora_backend": LORA_BACKEND},
+    )
     assert captured >= NUM_LAYERS, (
         "capture never reached the indexer split op's head gate"
     )
 
 
-def test_breakable_prefill_graph_matches_eager_with_adapter(graph_run, eager_run):
-    report = compare(eager_run["with"], graph_run["with"], tol=TOL)
+def test_breakable_prefill_graph_matches_eager_with_adapters(graph_run, eager_run):
+    per_adapter = {
+        name: compare(eager_run[f"with_{name}"], graph_run[f"with_{name}"], tol=TOL)
+        for name in ADAPTERS
+    }
     total = len(PROMPTS) * MAX_NEW_TOKENS
+    mismatches = [
+        {"adapter": name, **m}
+        for name, r in per_adapter.items()
+        for m in r["mismatches"]
+    ]
     write_result(
         "dsa_lora_graph_vs_eager",
         {
             "tol": TOL,
+            "lora_backend": LORA_BACKEND,
+            "adapters": ADAPTERS,
             "prompt_lens": PROMPT_LENS,
             "max_new_tokens": MAX_NEW_TOKENS,
-            **report,
-            "first_step": _first_step_diffs(eager_run["with"], graph_run["with"]),
-            "graph_seconds": graph_run["with"][0]["seconds"],
-            "eager_seconds": eager_run["with"][0]["seconds"],
+            "compared_steps": sum(r["compared_steps"] for r in per_adapter.values()),
+            "max_logprob_diff": max(
+                r["max_logprob_diff"] for r in per_adapter.values()
+            ),
+            "near_tie_splits": sum(r["near_tie_splits"] for r in per_adapter.values()),
+            "mismatches": mismatches,
+            "per_adapter": per_adapter,
+            "first_step": {
+                name: _first_step_diffs(
+                    eager_run[f"with_{name}"], graph_run[f"with_{name}"]
+                )
+                for name in ADAPTERS
+            },
+            "graph_seconds": {
+                n: graph_run[f"with_{n}"][0]["seconds"] for n in ADAPTERS
+            },
+            "eager_seconds": {
+                n: eager_run[f"with_{n}"][0]["seconds"] for n in ADAPTERS
+            },
         },
     )
-    assert not report["mismatches"], report
-    # Splits only at near ties, and rarely: most steps are really compared.
-    assert report["compared_steps"] >= total // 2, report
+    assert not mismatches, per_adapter
+    for name, report in per_adapter.items():
+        # Splits only at near ties, and rarely: most steps are really compared.
+        assert report["compared_steps"] >= total // 2, (name, report)
 
 
 def test_adapter_changes_outputs(graph_run, eager_run):
-    """Can-fail control: the comparison above tells the adapter apart. The same
-    graph engine without the adapter disagrees with itself with the adapter, and
-    with the eager engine, which is what a graph path that dropped the LoRA delta
-    would show."""
-    self_report = compare(graph_run["without"], graph_run["with"], tol=TOL)
-    eager_report = compare(eager_run["with"], graph_run["without"], tol=TOL)
+    """Can-fail control: the comparisons tell the adapters apart. The same graph
+    engine without an adapter disagrees with itself with the weights_proj-only
+    adapter, and with the eager engine, which is what a graph path that dropped
+    the weights_proj delta would show."""
+    self_report = compare(graph_run["without"], graph_run["with_wp"], tol=TOL)
+    eager_report = compare(eager_run["with_wp"], graph_run["without"], tol=TOL)
+    full_report = compare(graph_run["without"], graph_run["with_full"], tol=TOL)
     write_result(
         "dsa_lora_adapter_effect",
         {
             "tol": TOL,
             "graph_without_vs_with": self_report,
             "eager_with_vs_graph_without": eager_report,
+            "graph_without_vs_with_full": full_report,
             "first_step_graph_without_vs_with": _first_step_diffs(
-                graph_run["without"], graph_run["with"]
+                graph_run["without"], graph_run["with_wp"]
             ),
         },
     )
@@ -187,14 +389,47 @@ def test_adapter_changes_outputs(graph_run, eager_run):
     assert eager_report["mismatches"], (
         f"dropping the adapter in the graph would pass: {eager_report}"
     )
+    assert full_report["mismatches"], full_report
+
+
+def test_mixed_batch_gives_each_request_its_own_output(graph_run):
+    """One prefill forward through the graph serving a request per adapter and
+    one without gives each the output it gets alone; swapping each request's
+    adapter for another choice would not pass (control)."""
+    mixed = graph_run["mixed"]
+    report = compare(graph_run["alone"], mixed, tol=TOL)
+    swapped = [
+        graph_run["without"][0],  # prompt 0 served without its "wp" adapter
+        graph_run["with_wp"][1],  # prompt 1 served with an adapter it did not ask for
+        graph_run["without"][2],  # prompt 2 served without its "full" adapter
+    ]
+    control = compare(swapped, mixed, tol=TOL)
+    gate_calls = _counts(mixed) - _counts(graph_run["without"])
+    write_result(
+        "dsa_lora_mixed_batch",
+        {
+            "tol": TOL,
+            "loras": MIXED_LORAS,
+            "prompt_lens": PROMPT_LENS[:3],
+            "mixed_vs_alone": report,
+            "first_step": _first_step_diffs(graph_run["alone"], mixed),
+            "control_swapped_adapters": control,
+            "mixed_batch_head_gate_calls": gate_calls,
+        },
+    )
+    # The three requests were prefilled together, through the graph's split op.
+    assert gate_calls == NUM_LAYERS, gate_calls
+    assert not report["mismatches"], report
+    assert report["compared_steps"] >= len(MIXED_LORAS) * MAX_NEW_TOKENS // 2, report
+    assert control["mismatches"], f"swapped adapters would pass: {control}"
 
 
 def test_graph_split_op_applies_the_lora_head_gate(graph_run, eager_run):
     """The adapter prompts prefilled through the graph's indexer split op: its head
     gate ran with the LoRA-owned weights_proj (the eager engine never calls it
     so, as the eager path applies LoRA itself)."""
-    graph_calls = _counts(graph_run["with"]) - _counts(graph_run["warmup"])
-    eager_calls = _counts(eager_run["with"]) - eager_run["before"]
+    graph_calls = _counts(graph_run["with_wp"]) - _counts(graph_run["warmup"])
+    eager_calls = _counts(eager_run["with_full"]) - eager_run["before"]
     write_result(
         "dsa_lora_graph_path",
         {

@@ -1,12 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-"""DSA indexer ``weights_proj`` LoRA under piecewise/breakable prefill graphs.
+"""DSA indexer ``weights_proj`` LoRA under the breakable prefill graph.
 
-Fixes sglang/srt/layers/attention/dsa/dsa_indexer.py: under a piecewise or
-breakable prefill CUDA graph the indexer runs as one eager split op, whose head
-gate multiplies by the bare ``weights_proj.weight`` and so would drop a LoRA
-delta. Upstream therefore refuses (GRAPH_WEIGHTS_PROJ_LORA_ERROR), which with the
-default breakable prefill graph means the server cannot start with such an
-adapter. The split op is eager, so the LoRA layer can simply run inside it.
+Fixes sglang/srt/layers/attention/dsa/dsa_indexer.py: under a breakable prefill
+CUDA graph the indexer runs as one eager split op, whose head gate multiplies by
+the bare ``weights_proj.weight`` and so would drop a LoRA delta. Upstream
+therefore refuses (GRAPH_WEIGHTS_PROJ_LORA_ERROR), which with the default
+breakable prefill graph means the server cannot start with such an adapter. The
+split op is eager, so the adapter can simply be applied inside it. The graph
+paths this does not cover keep upstream's refusal, reworded to name the path and
+the flag that avoids it.
 """
 
 from __future__ import annotations
@@ -14,9 +16,47 @@ from __future__ import annotations
 import torch
 
 from sglang.srt.layers.attention.dsa import dsa_indexer
+from sglang.srt.layers.attention.dsa.dsa_prefill_cuda_graph import (
+    GRAPH_WEIGHTS_PROJ_LORA_ERROR,
+)
 from sglang.srt.layers.attention.dsa.utils import is_graph_dsa_split_op_surface
 from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.context import (
     is_in_breakable_cuda_graph,
+)
+from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph import (
+    is_in_tc_piecewise_cuda_graph,
+)
+
+_LORA = "DSA indexer LoRA on indexer.weights_proj"
+_DROP = "or drop weights_proj from --lora-target-modules."
+
+PIECEWISE_LORA_ERROR = (
+    f"{_LORA} is not supported under the tc_piecewise (torch.compile piecewise) "
+    "prefill CUDA graph, which sglang 0.5.23 no longer offers as a "
+    "--cuda-graph-config choice and sglang-graphfix does not cover. Serve it "
+    "under the breakable prefill graph (the default on CUDA: "
+    "--cuda-graph-backend-prefill breakable) or without one "
+    f"(--cuda-graph-backend-prefill disabled), {_DROP}"
+)
+BREAKABLE_DECODE_LORA_ERROR = (
+    f"{_LORA} is not supported for {{mode}} batches under the breakable decode "
+    "CUDA graph (--cuda-graph-backend-decode breakable): that path captures the "
+    "indexer head gate from the base weight only; sglang-graphfix applies the "
+    "adapter in the indexer split op, which serves non-speculative prefill. Use "
+    f"--cuda-graph-backend-decode full (the default), {_DROP}"
+)
+BREAKABLE_PREFILL_LORA_ERROR = (
+    f"{_LORA} is not supported for context-parallel prefill under the breakable "
+    "prefill CUDA graph: that path computes the indexer head gate in the graph "
+    "from the base weight only; sglang-graphfix applies the adapter in the "
+    "indexer split op, which serves prefill without context parallelism. Use "
+    f"--cuda-graph-backend-prefill disabled, {_DROP}"
+)
+QUANTIZED_ACTIVATIONS_LORA_ERROR = (
+    f"{_LORA} is not supported with quantized indexer activations (ROCm fused "
+    "RMSNorm + FP8 quant) under the breakable prefill CUDA graph: the indexer "
+    "split op would need the bf16 activations for the adapter. Use "
+    f"--cuda-graph-backend-prefill disabled, {_DROP}"
 )
 
 
@@ -28,33 +68,69 @@ def weights_proj_has_lora(indexer) -> bool:
     )
 
 
-# What:    Wraps Indexer._get_logits_head_gate: with a LoRA-wrapped weights_proj,
-#          the head gate comes from the LoRA layer (base + delta).
-# Why:     The graph split op (pcg_dsa_indexer_prefill_split) builds the gate
+def lora_head_gate_logits(indexer, x: torch.Tensor) -> torch.Tensor:
+    """``weights_proj(x)`` in fp32 with the live batch's adapters: upstream's fp32
+    base GEMM (the one its gate uses without LoRA) plus the delta that sglang's
+    LoRA backend adds in place for the rows of requests with an adapter. Rows
+    without one keep the base GEMM bit for bit."""
+    layer = indexer.weights_proj  # ReplicatedLinearWithLoRA
+    if not dsa_indexer._is_cuda:
+        # Off CUDA upstream's base projection is the module call itself, which
+        # for a LoRA layer already adds the delta (as upstream's eager path).
+        return layer(x)[0].float()
+    base = indexer._weights_proj_bf16_in_fp32_out(x)
+    # The call ReplicatedLinearWithLoRA.forward makes, with the fp32 GEMM as base.
+    return layer.lora_backend.forward_with_base(
+        layer,
+        x,
+        lambda: base,
+        layer.lora_a,
+        layer.lora_b,
+        layer._output_offset,
+        layer.lora_offsets,
+    )
+
+
+# What:    Wraps Indexer._get_logits_head_gate: with a LoRA-wrapped weights_proj
+#          the head gate is the fp32 base GEMM plus the adapter delta.
+# Why:     The graph split op (bcg_dsa_indexer_prefill_split) builds the gate
 #          from weights_proj.weight alone, silently dropping the adapter.
-# How:     Same two steps as the eager LoRA branch of Indexer.forward_cuda:
-#          weights_proj(x) scaled by n_heads**-0.5, then the q/softmax scale.
+# How:     lora_head_gate_logits (base GEMM + the LoRA backend's delta from the
+#          live batch info), then the same scaling as the fused-path gate
+#          (_scale_head_gates). Rows without an adapter equal upstream's gate.
 # Upstream: sglang/srt/layers/attention/dsa/dsa_indexer.py::Indexer._get_logits_head_gate
 # Removal: once the upstream split op applies weights_proj LoRA.
 def lora_aware_head_gate(original, self, x, q_scale):
-    if not weights_proj_has_lora(self):
+    if not (weights_proj_has_lora(self) and self.weights_proj.lora_active):
         return original(self, x, q_scale)
     if isinstance(x, tuple):
-        # Quantized activations (ROCm aiter) never reach a CUDA split op.
-        raise RuntimeError(dsa_indexer.GRAPH_WEIGHTS_PROJ_LORA_ERROR)
-    weights = self.weights_proj(x)[0].float() * self.n_heads**-0.5
-    return self._apply_q_scale_and_softmax_scale(weights, q_scale)
+        raise RuntimeError(QUANTIZED_ACTIVATIONS_LORA_ERROR)
+    return self._scale_head_gates(lora_head_gate_logits(self, x), q_scale)
 
 
-# What:    Wraps Indexer.forward_cuda: on the graph split-op surface, dispatch
-#          the indexer split op even when weights_proj carries a LoRA adapter.
+def unsupported_graph_lora_error(forward_batch) -> str:
+    """Why a prefill/decode graph path other than the breakable split op cannot
+    serve weights_proj LoRA, and the flag that avoids it."""
+    if is_in_tc_piecewise_cuda_graph():
+        return PIECEWISE_LORA_ERROR
+    mode = forward_batch.forward_mode
+    if mode.is_extend_without_speculative() and not mode.is_cuda_graph():
+        return BREAKABLE_PREFILL_LORA_ERROR
+    return BREAKABLE_DECODE_LORA_ERROR.format(mode=mode.name)
+
+
+# What:    Wraps Indexer.forward_cuda: under the breakable prefill graph, dispatch
+#          the indexer split op even when weights_proj carries a LoRA adapter;
+#          elsewhere reword upstream's refusal.
 # Why:     Upstream raises GRAPH_WEIGHTS_PROJ_LORA_ERROR there, which the default
-#          breakable prefill graph hits at startup.
-# How:     Only for that case (CUDA split-op surface, no prefill CP, LoRA on
-#          weights_proj): allocate the padded top-k buffer and call the PCG or BCG
-#          split op as upstream's branch does; lora_aware_head_gate makes the
-#          split op apply the delta. Everything else runs upstream unchanged,
-#          including its error on graph paths without a split op.
+#          breakable prefill graph hits at startup; its advice ("remove the
+#          explicit prefill cuda-graph backend override") does not help.
+# How:     For that case (breakable graph, split-op surface, no prefill CP, LoRA
+#          on weights_proj) allocate the padded top-k buffer and call the BCG
+#          split op as upstream's branch does; lora_aware_head_gate applies the
+#          delta inside it. Everything else runs upstream unchanged; its
+#          GRAPH_WEIGHTS_PROJ_LORA_ERROR (tc_piecewise prefill, breakable decode
+#          or CP prefill) is re-raised naming that path and the flag to use.
 # Upstream: sglang/srt/layers/attention/dsa/dsa_indexer.py::Indexer.forward_cuda
 # Removal: with lora_aware_head_gate.
 def lora_aware_split_op_dispatch(
@@ -68,13 +144,17 @@ def lora_aware_split_op_dispatch(
     return_indices: bool = True,
     use_cuda_graph: bool = True,
 ):
-    if not (
-        use_cuda_graph
-        and weights_proj_has_lora(self)
+    lora = use_cuda_graph and weights_proj_has_lora(self)
+    if (
+        lora
+        and is_in_breakable_cuda_graph()
         and is_graph_dsa_split_op_surface(forward_batch)
         and not self.dsa_enable_prefill_cp
-        and not self.use_gfx950_fused_indexer
     ):
+        return _dispatch_breakable_split_op(
+            self, x, q_lora, positions, layer_id, return_indices
+        )
+    try:
         return original(
             self,
             x,
@@ -85,18 +165,21 @@ def lora_aware_split_op_dispatch(
             return_indices=return_indices,
             use_cuda_graph=use_cuda_graph,
         )
+    except RuntimeError as exc:
+        if lora and str(exc) == GRAPH_WEIGHTS_PROJ_LORA_ERROR:
+            raise RuntimeError(unsupported_graph_lora_error(forward_batch)) from exc
+        raise
+
+
+def _dispatch_breakable_split_op(self, x, q_lora, positions, layer_id, return_indices):
+    """Upstream's split-op branch of forward_cuda, for the breakable graph."""
     x_parts = x if isinstance(x, tuple) else (x,)
     rows = x_parts[0].shape[0] if return_indices else 0
     # Static padded buffer the split op fills in place; -1 marks no index.
     topk_result = torch.full(
         (rows, self.index_topk), -1, dtype=torch.int32, device=x_parts[0].device
     )
-    split_op = (
-        dsa_indexer.bcg_dsa_indexer_prefill_split
-        if is_in_breakable_cuda_graph()
-        else dsa_indexer.pcg_dsa_indexer_prefill_split
-    )
-    split_op(
+    dsa_indexer.bcg_dsa_indexer_prefill_split(
         layer_id=layer_id,
         x=x_parts[0],
         q_lora=q_lora,

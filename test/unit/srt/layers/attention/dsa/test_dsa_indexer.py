@@ -1,21 +1,32 @@
-"""DSA indexer weights_proj LoRA under piecewise/breakable prefill graphs, on CPU.
+"""DSA indexer weights_proj LoRA under the breakable prefill graph, on CPU.
 
 The real sglang 0.5.23 Indexer.forward_cuda, graph split op and head gate run with
-sglang-graphfix applied. Only what needs a GPU is replaced: the platform probes
-(is_cuda), the Triton act_quant kernel (a torch reference), the Indexer steps
-that launch GPU kernels (q/k projection, k-cache store, ragged top-k: recorders),
-and the LoRA-wrapped weights_proj (a module with ReplicatedLinearWithLoRA's call
-contract). Upstream is called through ``__wrapped__`` to show what is fixed.
+sglang-graphfix applied. weights_proj is sglang's ReplicatedLinearWithLoRA on its
+TritonLoRABackend (and on ChunkedSgmvLoRABackend, csgmv, sglang's default), whose
+batch info comes from the backend's own prepare_lora_batch: three requests, two adapters of different ranks and scalings
+and one request without an adapter, padded to the graph's token bucket. Only what
+needs a GPU is replaced: the platform probes (is_cuda), pinned host memory, the
+Triton kernels (act_quant and the LoRA shrink/expand: torch references with the
+kernels' contracts, for csgmv's shrink including the compile-cache key under
+which sglang reuses a compiled kernel), upstream's fp32 base GEMM (torch.mm with out_dtype has no CPU
+kernel) and the Indexer steps that launch GPU kernels (q/k projection, k-cache
+store, ragged top-k: recorders). Upstream is called through ``__wrapped__`` to
+show what is fixed.
 """
 
+import importlib.util
+import inspect
+import itertools
 import re
 import types
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 import sglang.kernels.ops.quantization.act_quant_triton as act_quant_triton
+from sglang.kernels.ops.lora.dense import chunked_sgmv_shrink
 from sglang.srt.layers.attention.dsa import dsa_indexer as upstream
 from sglang.srt.layers.attention.dsa import dsa_prefill_cuda_graph as split_ops
 from sglang.srt.layers.attention.dsa import utils as dsa_utils
@@ -23,6 +34,11 @@ from sglang.srt.layers.attention.dsa.dsa_indexer import Indexer
 from sglang.srt.layers.attention.dsa.dsa_prefill_cuda_graph import (
     GRAPH_WEIGHTS_PROJ_LORA_ERROR,
 )
+from sglang.srt.layers.linear import ReplicatedLinear
+from sglang.srt.lora.backend import chunked_backend, triton_backend
+from sglang.srt.lora.backend.chunked_backend import ChunkedSgmvLoRABackend
+from sglang.srt.lora.backend.triton_backend import TritonLoRABackend
+from sglang.srt.lora.layers import ReplicatedLinearWithLoRA
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.context import (
@@ -32,69 +48,43 @@ from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph impo
     enable_tc_piecewise_cuda_graph,
     set_tc_piecewise_forward_context,
 )
+from sglang.srt.utils.common import CachedKernel
 from sglang_graphfix.srt.layers.attention.dsa import dsa_indexer as ours
 
-HIDDEN, Q_LORA, N_HEADS, HEAD_DIM, TOPK, RANK = 64, 32, 8, 128, 4, 4
-ROWS = 8  # the graph's padded token bucket
+ROOT = Path(__file__).resolve().parents[6]
+
+HIDDEN, Q_LORA, N_HEADS, HEAD_DIM, TOPK = 64, 32, 8, 128, 4
+SOFTMAX_SCALE = HEAD_DIM**-0.5
+MAX_RANK, MAX_LORAS = 8, 3
+# LoRA memory-pool slots: slot 0 holds no adapter (rank 0), as sglang's pool
+# does for requests without one.
+ADAPTERS = {1: (4, 2.0), 2: (8, 0.5)}  # slot -> (rank, scaling)
+REQUESTS = [(5, 1), (3, 0), (4, 2)]  # (tokens, slot), in batch order
+TOKENS = sum(n for n, _ in REQUESTS)
+ROWS = 16  # the graph's padded token bucket
 LAYER = 0
 GRAPH_ERROR = re.escape(GRAPH_WEIGHTS_PROJ_LORA_ERROR)
 
 
-class _LoRAWeightsProj(torch.nn.Module):
-    """weights_proj as sglang's ReplicatedLinearWithLoRA presents it: ``weight`` is
-    the base weight, ``set_lora`` marks an attached adapter, and calling it returns
-    ``(base + LoRA delta, None)``. The delta is large, as a trained adapter's may be."""
-
-    def __init__(self, set_lora: bool):
-        super().__init__()
-        g = torch.Generator().manual_seed(0)
-        self.weight = torch.nn.Parameter(
-            (0.02 * torch.randn(N_HEADS, HIDDEN, generator=g)).bfloat16(),
-            requires_grad=False,
-        )
-        self.lora_a = (torch.randn(RANK, HIDDEN, generator=g) / HIDDEN**0.5).bfloat16()
-        self.lora_b = torch.randn(N_HEADS, RANK, generator=g).bfloat16()
-        self.set_lora = set_lora
-        self.calls = 0
-
-    def forward(self, x):
-        self.calls += 1
-        out = x @ self.weight.t()
-        if self.set_lora:
-            out = out + (x @ self.lora_a.t()) @ self.lora_b.t()
-        return out, None
+def _rows(slots):
+    """Row indices of the requests whose slot is in ``slots`` (padding: None)."""
+    rows, start = [], 0
+    for n, slot in REQUESTS:
+        if slot in slots:
+            rows += range(start, start + n)
+        start += n
+    if None in slots:
+        rows += range(TOKENS, ROWS)
+    return torch.tensor(rows)
 
 
-def _indexer(
-    *, lora: bool = True, fusion: bool = False, prefill_cp: bool = False
-) -> Indexer:
-    """An Indexer with the attributes forward_cuda, the split op and the head gate
-    read; __init__ itself needs a GPU (rope cache, SM count, DeepGEMM)."""
-    indexer = Indexer.__new__(Indexer)
-    torch.nn.Module.__init__(indexer)
-    indexer.weights_proj = _LoRAWeightsProj(set_lora=lora)
-    indexer.use_dsa_indexer_fusion = fusion
-    indexer.n_heads, indexer.head_dim = N_HEADS, HEAD_DIM
-    indexer.softmax_scale = HEAD_DIM**-0.5
-    indexer.index_topk = TOPK
-    indexer.block_size, indexer.scale_fmt = 128, "ue8m0"
-    indexer.alt_stream = None
-    indexer.dsa_enable_prefill_cp = prefill_cp
-    indexer.use_gfx950_fused_indexer = False
-    indexer.use_aiter_fused_fp8_writer = False
-    # On CUDA, Indexer._weights_proj_bf16_in_fp32_out multiplies by the bare
-    # weights_proj.weight (torch.mm with out_dtype, which has no CPU kernel).
-    # Same math, counted, so tests see whether upstream's gate ran.
-    indexer.bare_gemm_calls = 0
+ADAPTER_ROWS = _rows({1, 2})
+NO_ADAPTER_ROWS = _rows({0, None})  # the request without one and the padding
 
-    def cuda_weights_proj_bf16_in_fp32_out(self, x):
-        self.bare_gemm_calls += 1
-        return x.float() @ self.weights_proj.weight.float().t()
 
-    indexer._weights_proj_bf16_in_fp32_out = types.MethodType(
-        cuda_weights_proj_bf16_in_fp32_out, indexer
-    )
-    return indexer
+# --------------------------------------------------------------------------- #
+# GPU-only pieces, as torch references.
+# --------------------------------------------------------------------------- #
 
 
 def _act_quant(x, block_size=128, scale_fmt=None):
@@ -107,16 +97,331 @@ def _act_quant(x, block_size=128, scale_fmt=None):
     return (blocks / scale).flatten(-2).to(torch.float8_e4m3fn), scale.squeeze(-1)
 
 
-def _lora_gate(indexer, x, q_scale):
-    weights = indexer.weights_proj(x)[0].float() * indexer.n_heads**-0.5
-    return weights.unsqueeze(-1) * q_scale * indexer.softmax_scale
+def _segments(batch_info):
+    """The (rows, slot, rank, scaling) each kernel program works on; segments of
+    rank-0 slots and empty segments are no-ops, as in the kernels."""
+    for b in range(batch_info.bs):
+        n, slot = int(batch_info.seg_lens[b]), int(batch_info.weight_indices[b])
+        rank = int(batch_info.lora_ranks[slot])
+        if n == 0 or rank == 0:
+            continue
+        rows = torch.arange(
+            int(batch_info.seg_indptr[b]), int(batch_info.seg_indptr[b]) + n
+        )
+        if batch_info.permutation is not None:
+            rows = batch_info.permutation[rows].long()
+        yield rows, slot, rank, float(batch_info.scalings[slot])
 
 
-def _bare_gate(indexer, x, q_scale):
-    weights = (
-        x.float() @ indexer.weights_proj.weight.float().t()
-    ) * indexer.n_heads**-0.5
-    return weights.unsqueeze(-1) * q_scale * indexer.softmax_scale
+def _sgemm_lora_a(x, weights, batch_info, stack_num=1):
+    """sgemm_lora_a_fwd: out[rows, :rank] = x[rows] @ A[slot, :rank].T, in x's
+    dtype; rows of segments without an adapter are left uninitialised (NaN)."""
+    assert x.is_contiguous() and weights.is_contiguous()
+    out = torch.full((x.shape[0], weights.shape[1]), float("nan"), dtype=x.dtype)
+    for rows, slot, rank, _ in _segments(batch_info):
+        n = min(weights.shape[1], rank * stack_num)
+        out[rows, :n] = (x[rows].float() @ weights[slot, :n].float().t()).to(x.dtype)
+    return out
+
+
+def _sgemm_lora_b(x, weights, batch_info, base_output=None):
+    """sgemm_lora_b_fwd: adds scaling * x[rows, :rank] @ B[slot, :, :rank].T,
+    rounded to x's dtype, into base_output in place (zeros when None)."""
+    assert x.is_contiguous() and weights.is_contiguous()
+    out = base_output
+    if out is None:
+        out = torch.zeros((x.shape[0], weights.shape[1]), dtype=x.dtype)
+    for rows, slot, rank, scaling in _segments(batch_info):
+        delta = x[rows, :rank].float() @ weights[slot, :, :rank].float().t()
+        out[rows] = ((delta * scaling).to(x.dtype) + out[rows]).to(out.dtype)
+    return out
+
+
+# sglang's compile-cache key of _chunked_lora_shrink_kernel (@cached_triton_kernel
+# in chunked_sgmv_shrink.py, CachedKernel on CUDA). N (num_slices x the pool's max
+# rank) is a constexpr of the kernel but not in the key: one compiled kernel serves
+# every N with the same key, with the strides of the first N.
+SHRINK_CACHE_KEY_SOURCE = (
+    'lambda _, kwargs: (kwargs["K"], kwargs["NUM_SLICES"], kwargs["BLOCK_M"])'
+)
+
+
+def _shrink_cache_key(_, kwargs):
+    return (kwargs["K"], kwargs["NUM_SLICES"], kwargs["BLOCK_M"])
+
+
+def _csgmv_segments(batch_info):
+    """The (rows, slot, rank, scaling) of each program of the chunked SGMV
+    kernels: every segment slot of a graph's static buffers (the padded tail is
+    empty), else num_segments; a program covers at most BLOCK_M (max_len) rows;
+    empty segments and rank-0 slots are no-ops."""
+    segments = (
+        batch_info.weight_indices.shape[0]
+        if batch_info.use_cuda_graph
+        else batch_info.num_segments
+    )
+    for seg in range(segments):
+        start = int(batch_info.seg_indptr[seg])
+        end = min(int(batch_info.seg_indptr[seg + 1]), start + batch_info.max_len)
+        slot = int(batch_info.weight_indices[seg])
+        rank = int(batch_info.lora_ranks[slot])
+        if start >= end or rank == 0:
+            continue
+        rows = batch_info.permutation[start:end].long()
+        yield rows, slot, rank, float(batch_info.scalings[slot])
+
+
+class _CompiledShrink:
+    """_chunked_lora_shrink_kernel compiled for its constexprs: N fixes the
+    strides of the weights (slot stride N·K) and of the output (row stride N).
+    output[rows, :n] = x[rows] @ A[slot, :n]ᵀ in x's dtype, n = min(N, rank·slices)."""
+
+    def __init__(self, n, k, num_slices, block_m):
+        self.n, self.k, self.num_slices = n, k, num_slices
+
+    def __call__(self, x, weights, output, batch_info):
+        n_k, weights, output = self.n * self.k, weights.reshape(-1), output.view(-1)
+        for rows, slot, rank, _ in _csgmv_segments(batch_info):
+            n = min(self.n, rank * self.num_slices)
+            a = weights[slot * n_k : slot * n_k + n * self.k].view(n, self.k)
+            out = (x[rows].float() @ a.float().t()).to(x.dtype)
+            output[(rows[:, None] * self.n + torch.arange(n)).flatten()] = out.flatten()
+
+
+def _csgmv_shrink(x, weights, batch_info, num_slices, split_k=None):
+    """chunked_sgmv_lora_shrink_forward: launches the compiled kernel cached under
+    (K, NUM_SLICES, BLOCK_M) (compiling it for this N on a miss) into a new
+    (s, N) tensor; what no program writes stays uninitialised (NaN). Split-K (an
+    opt-in env for rank-32 shapes) is left out: same sums, other order."""
+    assert x.is_contiguous() and weights.is_contiguous()
+    n, k = weights.shape[1], weights.shape[2]
+    key = _shrink_cache_key(
+        None, {"K": k, "NUM_SLICES": num_slices, "BLOCK_M": batch_info.max_len}
+    )
+    cache = chunked_sgmv_shrink._chunked_lora_shrink_kernel.kernel_cache
+    if key not in cache:
+        cache[key] = _CompiledShrink(n, *key)
+    output = torch.full((x.shape[0], n), float("nan"), dtype=x.dtype)
+    cache[key](x, weights, output, batch_info)
+    return output
+
+
+def _csgmv_expand(
+    x,
+    weights,
+    batch_info,
+    slice_offsets,
+    max_slice_size,
+    base_output,
+    slice_offsets_cpu=None,
+):
+    """chunked_sgmv_lora_expand_forward (compiled per MAX_RANK = weights.shape[2],
+    which its cache key holds): for slice i, output[rows, lo:hi] += scaling ·
+    x[rows, i·r:(i+1)·r] @ B[slot, lo:hi, :r]ᵀ rounded to x's dtype, r =
+    min(MAX_RANK, rank), in place into base_output (zeros when None)."""
+    assert x.is_contiguous() and weights.is_contiguous()
+    max_rank, offsets = weights.shape[2], slice_offsets.tolist()
+    assert x.shape[1] == (len(offsets) - 1) * max_rank
+    out = base_output
+    if out is None:
+        out = torch.zeros((x.shape[0], weights.shape[1]), dtype=x.dtype)
+    for rows, slot, rank, scaling in _csgmv_segments(batch_info):
+        r = min(max_rank, rank)
+        for i, (lo, hi) in enumerate(itertools.pairwise(offsets)):
+            xa = x[rows, i * r : (i + 1) * r].float()
+            delta = (xa @ weights[slot, lo:hi, :r].float().t() * scaling).to(x.dtype)
+            out[rows, lo:hi] = (delta + out[rows, lo:hi]).to(out.dtype)
+    return out
+
+
+def _cuda_fp32_gemm(self, x):
+    """Indexer._weights_proj_bf16_in_fp32_out on CUDA: torch.mm(x, weight.t(),
+    out_dtype=torch.float32), which has no CPU kernel: the bf16 products
+    accumulated in fp32. Counted, so tests see upstream's base GEMM run."""
+    self.fp32_gemm_calls = getattr(self, "fp32_gemm_calls", 0) + 1
+    return x.float() @ self.weights_proj.weight.float().t()
+
+
+def _unpinned(factory):
+    def unpinned(*args, pin_memory=False, **kwargs):
+        return factory(*args, **kwargs)  # pinning needs a CUDA driver
+
+    return unpinned
+
+
+@pytest.fixture(autouse=True)
+def _cpu(monkeypatch):
+    """Hardware probes as on a CUDA device, GPU kernels as torch references, and
+    torch.compile'd Indexer helpers run eagerly (no inductor)."""
+    torch.manual_seed(0)
+    monkeypatch.setattr(upstream, "_is_cuda", True)
+    monkeypatch.setattr(dsa_utils, "is_cuda", lambda: True)
+    monkeypatch.setattr(split_ops, "_is_cuda", True)
+    monkeypatch.setattr(act_quant_triton, "act_quant", _act_quant)
+    monkeypatch.setattr(triton_backend, "sgemm_lora_a_fwd", _sgemm_lora_a)
+    monkeypatch.setattr(triton_backend, "sgemm_lora_b_fwd", _sgemm_lora_b)
+    monkeypatch.setattr(
+        chunked_backend, "chunked_sgmv_lora_shrink_forward", _csgmv_shrink
+    )
+    monkeypatch.setattr(
+        chunked_backend, "chunked_sgmv_lora_expand_forward", _csgmv_expand
+    )
+    # A fresh process: sglang's kernel cache (CachedKernel) of the csgmv shrink,
+    # empty, which the stand-in above fills.
+    monkeypatch.setattr(
+        chunked_sgmv_shrink,
+        "_chunked_lora_shrink_kernel",
+        CachedKernel(
+            chunked_sgmv_shrink._chunked_lora_shrink_kernel, _shrink_cache_key
+        ),
+    )
+    # ChunkedSgmvLoRABackend.__init__ reads the published --max-lora-chunk-size.
+    monkeypatch.setattr(
+        chunked_backend, "get_lora", lambda: SimpleNamespace(max_lora_chunk_size=16)
+    )
+    monkeypatch.setattr(Indexer, "_weights_proj_bf16_in_fp32_out", _cuda_fp32_gemm)
+    for factory in ("tensor", "zeros", "empty", "arange"):
+        monkeypatch.setattr(torch, factory, _unpinned(getattr(torch, factory)))
+    with torch.compiler.set_stance("force_eager"):
+        yield
+
+
+# --------------------------------------------------------------------------- #
+# Real sglang objects: weights_proj, its LoRA layer and backend, the Indexer.
+# --------------------------------------------------------------------------- #
+
+
+def _weights_proj() -> ReplicatedLinear:
+    """The indexer's weights_proj (bf16, no bias), at a trained model's scale."""
+    layer = ReplicatedLinear(HIDDEN, N_HEADS, bias=False, params_dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        layer.weight.copy_(0.02 * torch.randn(N_HEADS, HIDDEN, generator=g))
+    return layer
+
+
+def _adapters(max_rank=MAX_RANK):
+    """ADAPTERS for a pool of max_rank: the ranks scaled with it."""
+    return {s: (r * max_rank // MAX_RANK, c) for s, (r, c) in ADAPTERS.items()}
+
+
+def _lora_buffers(max_rank=MAX_RANK):
+    """LoRA A/B memory-pool buffers (slot, rank rows zero-padded to max_rank).
+    The deltas are large, as a trained adapter's may be."""
+    g = torch.Generator().manual_seed(1)
+    a = torch.zeros(MAX_LORAS, max_rank, HIDDEN, dtype=torch.bfloat16)
+    b = torch.zeros(MAX_LORAS, N_HEADS, max_rank, dtype=torch.bfloat16)
+    for slot, (rank, _) in _adapters(max_rank).items():
+        a[slot, :rank] = torch.randn(rank, HIDDEN, generator=g) / HIDDEN**0.5
+        b[slot, :, :rank] = torch.randn(N_HEADS, rank, generator=g)
+    return a, b
+
+
+def _lora_weights_proj(
+    base, *, prefill_graph=True, backend="triton", max_rank=MAX_RANK
+) -> ReplicatedLinearWithLoRA:
+    """weights_proj wrapped by sglang's LoRA layer on the Triton or csgmv backend,
+    its batch info prepared for REQUESTS the way the LoRA manager does before a
+    forward: the static prefill-graph info (breakable replay) or the eager one."""
+    if backend == "triton":
+        backend = TritonLoRABackend(MAX_LORAS, torch.device("cpu"))
+    else:
+        backend = ChunkedSgmvLoRABackend(MAX_LORAS, torch.device("cpu"), None)
+    layer = ReplicatedLinearWithLoRA(base, backend)
+    layer.set_lora_info(*_lora_buffers(max_rank))
+    lens = [n for n, _ in REQUESTS]
+    ranks, scalings = [0] * MAX_LORAS, [0.0] * MAX_LORAS
+    for slot, (rank, scaling) in _adapters(max_rank).items():
+        ranks[slot], scalings[slot] = rank, scaling
+    if prefill_graph:
+        backend.init_prefill_cuda_graph_batch_info(ROWS, max_num_requests=4)
+    backend.prepare_lora_batch(
+        SimpleNamespace(
+            forward_mode=ForwardMode.EXTEND,
+            batch_size=len(REQUESTS),
+            extend_seq_lens_cpu=lens,
+            extend_seq_lens=torch.tensor(lens, dtype=torch.int32),
+            extend_num_tokens=TOKENS,
+            spec_info=None,
+            return_logprob=False,
+        ),
+        [slot for _, slot in REQUESTS],
+        ranks,
+        scalings,
+        use_cuda_graph=False,
+        use_prefill_cuda_graph=prefill_graph,
+    )
+    assert layer.lora_active
+    return layer
+
+
+def _indexer(
+    weights_proj, *, fusion: bool = False, prefill_cp: bool = False
+) -> Indexer:
+    """An Indexer with the attributes forward_cuda, the split op and the head gate
+    read; __init__ itself needs a GPU (rope cache, SM count, DeepGEMM)."""
+    indexer = Indexer.__new__(Indexer)
+    torch.nn.Module.__init__(indexer)
+    indexer.weights_proj = weights_proj
+    indexer.use_dsa_indexer_fusion = fusion
+    indexer.n_heads, indexer.head_dim = N_HEADS, HEAD_DIM
+    indexer.softmax_scale = SOFTMAX_SCALE
+    indexer.index_topk = TOPK
+    indexer.block_size, indexer.scale_fmt = 128, "ue8m0"
+    indexer.alt_stream = None
+    indexer.dsa_enable_prefill_cp = prefill_cp
+    indexer.use_gfx950_fused_indexer = False
+    indexer.use_aiter_fused_fp8_writer = False
+    indexer.fp32_gemm_calls = 0
+    return indexer
+
+
+def _lora_indexer(**kwargs) -> Indexer:
+    return _indexer(_lora_weights_proj(_weights_proj()), **kwargs)
+
+
+# --------------------------------------------------------------------------- #
+# fp32 references.
+# --------------------------------------------------------------------------- #
+
+
+def _gate(logits, q_scale):
+    return (logits * N_HEADS**-0.5).unsqueeze(-1) * q_scale * SOFTMAX_SCALE
+
+
+def _reference_logits(x, max_rank=MAX_RANK):
+    """x Wᵀ + s·(x Aᵀ) Bᵀ in fp32, each request with its own adapter (none for
+    slot 0 and the padding)."""
+    weight = _weights_proj().weight.float()
+    a, b = _lora_buffers(max_rank)
+    logits = x.float() @ weight.t()
+    for slot, (rank, scaling) in _adapters(max_rank).items():
+        rows = _rows({slot})
+        xa = x[rows].float() @ a[slot, :rank].float().t()
+        logits[rows] += scaling * xa @ b[slot, :, :rank].float().t()
+    return logits
+
+
+def _bare_logits(x):
+    return x.float() @ _weights_proj().weight.float().t()
+
+
+def _assert_gate(gate, x, q_scale, max_rank=MAX_RANK):
+    """Adapter rows: the fp32 reference up to the kernels' bf16 intermediates
+    (x Aᵀ and the delta are rounded to bf16). Other rows: bit-identical to the
+    gate of the same weights_proj without LoRA."""
+    reference = _gate(_reference_logits(x, max_rank), q_scale)
+    torch.testing.assert_close(
+        gate[ADAPTER_ROWS],
+        reference[ADAPTER_ROWS],
+        rtol=2e-2,
+        atol=1e-2 * reference.abs().max().item(),
+    )
+    no_lora = _indexer(_weights_proj())._get_logits_head_gate(x, q_scale)
+    assert torch.equal(gate[NO_ADAPTER_ROWS], no_lora[NO_ADAPTER_ROWS])
+    bare = _gate(_bare_logits(x), q_scale)
+    delta = (gate - bare)[ADAPTER_ROWS].abs().amax(dim=(1, 2))
+    assert bool((delta > 3 * bare.abs().max()).all()), "an adapter row lost its delta"
 
 
 def _inputs(seed=1):
@@ -126,7 +431,12 @@ def _inputs(seed=1):
     return x, q_lora, torch.arange(ROWS)
 
 
-def _batch(mode=ForwardMode.EXTEND, num_tokens=ROWS - 2):
+def _q_scale(seed=2):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(ROWS, N_HEADS, 1, generator=g) + 0.5
+
+
+def _batch(mode=ForwardMode.EXTEND, num_tokens=TOKENS):
     return SimpleNamespace(
         forward_mode=mode,
         extend_num_tokens=num_tokens,
@@ -135,16 +445,182 @@ def _batch(mode=ForwardMode.EXTEND, num_tokens=ROWS - 2):
     )
 
 
-@pytest.fixture(autouse=True)
-def _cpu(monkeypatch):
-    """Hardware probes as on a CUDA device, the Triton act_quant as a torch
-    reference, and torch.compile'd Indexer helpers run eagerly (no inductor)."""
-    torch.manual_seed(0)
-    monkeypatch.setattr(dsa_utils, "is_cuda", lambda: True)
-    monkeypatch.setattr(split_ops, "_is_cuda", True)
-    monkeypatch.setattr(act_quant_triton, "act_quant", _act_quant)
-    with torch.compiler.set_stance("force_eager"):
-        yield
+# --------------------------------------------------------------------------- #
+# Head gate (Indexer._get_logits_head_gate), as the graph split op calls it.
+# --------------------------------------------------------------------------- #
+
+
+def test_weights_proj_has_lora():
+    base = _weights_proj()
+    assert ours.weights_proj_has_lora(_indexer(_lora_weights_proj(base)))
+    assert not ours.weights_proj_has_lora(_indexer(base))
+    unset = ReplicatedLinearWithLoRA(base, TritonLoRABackend(1, torch.device("cpu")))
+    assert not ours.weights_proj_has_lora(_indexer(unset))
+    # Fusion folds weights_proj into wk_weights_proj: nothing for LoRA to own.
+    assert not ours.weights_proj_has_lora(
+        _indexer(_lora_weights_proj(base), fusion=True)
+    )
+
+
+@pytest.mark.parametrize(
+    "prefill_graph", [True, False], ids=["graph_info", "eager_info"]
+)
+def test_head_gate_is_the_base_gemm_plus_each_requests_adapter(prefill_graph):
+    indexer = _indexer(_lora_weights_proj(_weights_proj(), prefill_graph=prefill_graph))
+    x, _, _ = _inputs()
+    q_scale = _q_scale()
+
+    gate = indexer._get_logits_head_gate(x, q_scale)
+
+    _assert_gate(gate, x, q_scale)
+    assert indexer.fp32_gemm_calls == 1, "upstream's fp32 base GEMM did not run"
+
+
+@pytest.mark.parametrize("max_rank", [16, 64], ids=["rank16", "rank64"])
+@pytest.mark.parametrize(
+    "prefill_graph", [True, False], ids=["graph_info", "eager_info"]
+)
+def test_head_gate_on_the_csgmv_backend(prefill_graph, max_rank):
+    """sglang's default LoRA backend, each pool max rank in a fresh process (as a
+    server has one): adapters of max_rank/2 and max_rank."""
+    weights_proj = _lora_weights_proj(
+        _weights_proj(), prefill_graph=prefill_graph, backend="csgmv", max_rank=max_rank
+    )
+    indexer = _indexer(weights_proj)
+    x, _, _ = _inputs()
+    q_scale = _q_scale()
+
+    gate = indexer._get_logits_head_gate(x, q_scale)
+
+    _assert_gate(gate, x, q_scale, max_rank)
+    assert indexer.fp32_gemm_calls == 1
+
+
+def test_csgmv_shrink_stand_in_has_upstreams_compile_cache_key():
+    """The stand-in reuses a compiled shrink kernel exactly when sglang does: its
+    cache key leaves out N. If upstream adds N, update _shrink_cache_key."""
+    source = inspect.getsource(chunked_sgmv_shrink)
+    assert f"@cached_triton_kernel(\n    {SHRINK_CACHE_KEY_SOURCE}\n)" in source
+
+
+def test_csgmv_second_max_rank_in_one_process_runs_the_first_ranks_shrink():
+    """What benchmark/dsa_head_gate.py hit on an H200 (csgmv rank 64 after rank 16,
+    one process): the rank-64 pool ran the shrink compiled for rank 16, whose
+    strides read slot 0 (no adapter) and leave most of x·Aᵀ unwritten. Not a
+    gate bug: a fresh kernel cache (a server's one max rank) is exact."""
+    x, _, _ = _inputs()
+    q_scale = _q_scale()
+    rank16 = _indexer(_lora_weights_proj(_weights_proj(), backend="csgmv", max_rank=16))
+    _assert_gate(rank16._get_logits_head_gate(x, q_scale), x, q_scale, 16)
+
+    rank64 = _indexer(_lora_weights_proj(_weights_proj(), backend="csgmv", max_rank=64))
+    stale = rank64._get_logits_head_gate(x, q_scale)
+    with pytest.raises(AssertionError):
+        _assert_gate(stale, x, q_scale, 64)
+
+    chunked_sgmv_shrink._chunked_lora_shrink_kernel._clear_cache()
+    _assert_gate(rank64._get_logits_head_gate(x, q_scale), x, q_scale, 64)
+
+
+def _benchmark():
+    path = ROOT / "benchmark" / "dsa_head_gate.py"
+    spec = importlib.util.spec_from_file_location("dsa_head_gate_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "fresh_kernel", [True, False], ids=["as_is", "no_fresh_kernel"]
+)
+def test_benchmark_checks_csgmv_rank16_then_rank64(monkeypatch, fresh_kernel):
+    """benchmark/dsa_head_gate.py's own setup and check (DeepSeek-V3.2 shapes,
+    2048 tokens) for csgmv rank 16 then 64 in one process, as it runs them on the
+    GPU; without its fresh shrink kernel per backend, rank 64 fails as it did on
+    the H200."""
+    bench = _benchmark()
+    if not fresh_kernel:
+        monkeypatch.setattr(bench, "_fresh_csgmv_shrink_kernel", lambda: None)
+    device, gen = torch.device("cpu"), torch.Generator().manual_seed(0)
+    base = ReplicatedLinear(
+        bench.HIDDEN, bench.N_HEADS, bias=False, params_dtype=torch.bfloat16
+    )
+    with torch.no_grad():
+        base.weight.normal_(0.0, 0.02, generator=gen)
+    plain, lora_indexer = bench._indexer(base), bench._indexer(base)
+    passed = {}
+    for rank in bench.RANKS:
+        lora_indexer.weights_proj = bench._lora_layer(base, "csgmv", rank, device, gen)
+        check = bench._check(plain, lora_indexer, device, gen)
+        assert check["rank"] == rank
+        assert check["rows_without_adapter_bit_identical"]
+        passed[rank] = check["adapter_rows_max_rel_error"] < 2e-2
+
+    assert passed == {16: True, 64: fresh_kernel}
+
+
+def test_upstream_head_gate_drops_the_lora_delta():
+    """What the split op computed before the fix: the bare weight only."""
+    indexer = _lora_indexer()
+    x, _, _ = _inputs()
+    q_scale = _q_scale()
+
+    gate = Indexer._get_logits_head_gate.__wrapped__(indexer, x, q_scale)
+
+    torch.testing.assert_close(gate, _gate(_bare_logits(x), q_scale))
+    reference = _gate(_reference_logits(x), q_scale)
+    assert not torch.allclose(gate[ADAPTER_ROWS], reference[ADAPTER_ROWS], rtol=0.1)
+
+
+@pytest.mark.parametrize("case", ["no_lora", "no_batch_info", "fusion"])
+def test_head_gate_without_an_active_adapter_is_upstream(case):
+    if case == "no_lora":
+        indexer = _indexer(_weights_proj())
+    else:
+        indexer = _indexer(_lora_weights_proj(_weights_proj()), fusion=case == "fusion")
+        if case == "no_batch_info":
+            # A DP-attention idle forward: the backend has no batch prepared.
+            indexer.weights_proj.lora_backend.batch_info = None
+    x, _, _ = _inputs()
+    q_scale = _q_scale()
+
+    gate = indexer._get_logits_head_gate(x, q_scale)
+
+    torch.testing.assert_close(gate, _gate(_bare_logits(x), q_scale))
+    assert indexer.fp32_gemm_calls == 1
+
+
+def test_head_gate_off_cuda_is_the_lora_module(monkeypatch):
+    """Off CUDA (ROCm) upstream's base projection is the module call, which for
+    the LoRA layer already includes the adapter."""
+    monkeypatch.setattr(upstream, "_is_cuda", False)
+    indexer = _lora_indexer()
+    x, _, _ = _inputs()
+    q_scale = _q_scale()
+
+    gate = indexer._get_logits_head_gate(x, q_scale)
+
+    assert torch.equal(gate, _gate(indexer.weights_proj(x)[0].float(), q_scale))
+    assert indexer.fp32_gemm_calls == 0
+    torch.testing.assert_close(
+        gate[ADAPTER_ROWS],
+        _gate(_reference_logits(x), q_scale)[ADAPTER_ROWS],
+        rtol=3e-2,
+        atol=2e-2 * _gate(_reference_logits(x), q_scale).abs().max().item(),
+    )
+
+
+def test_head_gate_refuses_quantized_activations_with_lora():
+    indexer = _lora_indexer()
+    x, _, _ = _inputs()
+    with pytest.raises(RuntimeError) as raised:
+        indexer._get_logits_head_gate((x, torch.ones(ROWS, 1)), _q_scale())
+    assert str(raised.value) == ours.QUANTIZED_ACTIVATIONS_LORA_ERROR
+
+
+# --------------------------------------------------------------------------- #
+# Dispatch (Indexer.forward_cuda) under prefill/decode graphs.
+# --------------------------------------------------------------------------- #
 
 
 @pytest.fixture
@@ -192,6 +668,15 @@ def _q_k_bf16(query, key):
     return get_q_k_bf16
 
 
+def _with_q_k(indexer):
+    """Stand in the q/k projection (wq_b, wk, rope, Hadamard: GPU kernels)."""
+    g = torch.Generator().manual_seed(3)
+    query = torch.randn(ROWS, N_HEADS, HEAD_DIM, generator=g).bfloat16()
+    key = torch.randn(ROWS, HEAD_DIM, generator=g).bfloat16()
+    indexer._get_q_k_bf16 = types.MethodType(_q_k_bf16(query, key), indexer)
+    return query, key
+
+
 def _describe(call):
     """What the split-op contract fixes: which op, the inputs by identity, and the
     static top-k buffer's shape, dtype and -1 fill."""
@@ -206,162 +691,132 @@ def _describe(call):
     }
 
 
-# --------------------------------------------------------------------------- #
-# Head gate (Indexer._get_logits_head_gate), used by the graph split op.
-# --------------------------------------------------------------------------- #
-
-
-@pytest.mark.parametrize(
-    "fusion, set_lora, expected",
-    [(False, True, True), (False, False, False), (True, True, False)],
-)
-def test_weights_proj_has_lora(fusion, set_lora, expected):
-    indexer = _indexer(lora=set_lora, fusion=fusion)
-    assert bool(ours.weights_proj_has_lora(indexer)) is expected
-
-
-def test_head_gate_applies_the_lora_delta():
-    indexer = _indexer(lora=True)
-    x, _, _ = _inputs()
-    q_scale = torch.rand(ROWS, N_HEADS, 1) + 0.5
-
-    gate = indexer._get_logits_head_gate(x, q_scale)
-
-    torch.testing.assert_close(gate, _lora_gate(indexer, x, q_scale))
-    assert indexer.bare_gemm_calls == 0, "upstream's bare-weight gate ran"
-    bare = _bare_gate(indexer, x, q_scale)
-    assert (gate - bare).abs().max() > 3 * bare.abs().max(), (
-        "the delta is not in the gate"
-    )
-
-
-def test_upstream_head_gate_drops_the_lora_delta():
-    """What the split op computed before the fix: the bare weight only."""
-    indexer = _indexer(lora=True)
-    x, _, _ = _inputs()
-    q_scale = torch.rand(ROWS, N_HEADS, 1) + 0.5
-
-    gate = Indexer._get_logits_head_gate.__wrapped__(indexer, x, q_scale)
-
-    torch.testing.assert_close(gate, _bare_gate(indexer, x, q_scale))
-    assert not torch.allclose(gate, _lora_gate(indexer, x, q_scale))
-
-
-@pytest.mark.parametrize("fusion", [False, True])
-def test_head_gate_without_lora_is_upstream(fusion):
-    # With fusion there is no separate weights_proj for LoRA to own (set_lora is moot).
-    indexer = _indexer(lora=fusion, fusion=fusion)
-    x, _, _ = _inputs()
-    q_scale = torch.rand(ROWS, N_HEADS, 1) + 0.5
-
-    gate = indexer._get_logits_head_gate(x, q_scale)
-
-    assert indexer.bare_gemm_calls == 1, "upstream's gate did not run"
-    assert indexer.weights_proj.calls == 0
-    torch.testing.assert_close(gate, _bare_gate(indexer, x, q_scale))
-
-
-def test_head_gate_refuses_quantized_activations_with_lora():
-    indexer = _indexer(lora=True)
-    x, _, _ = _inputs()
-    with pytest.raises(RuntimeError, match=GRAPH_ERROR):
-        indexer._get_logits_head_gate(
-            (x, torch.ones(ROWS, 1)), torch.ones(ROWS, N_HEADS, 1)
-        )
-
-
-# --------------------------------------------------------------------------- #
-# Dispatch (Indexer.forward_cuda) on the graph split-op surface.
-# --------------------------------------------------------------------------- #
-
-
 def test_upstream_refuses_weights_proj_lora_on_the_split_op_surface(split_op_calls):
-    """The startup crash of the default breakable prefill graph (at capture)."""
-    indexer = _indexer(lora=True)
+    """The startup crash of the default breakable prefill graph (at capture),
+    with advice that does not help."""
+    indexer = _lora_indexer()
     x, q_lora, positions = _inputs()
     with enable_breakable_cuda_graph(), pytest.raises(RuntimeError, match=GRAPH_ERROR):
         Indexer.forward_cuda.__wrapped__(indexer, x, q_lora, positions, _batch(), LAYER)
     assert split_op_calls == []
 
 
-_GRAPHS = {
-    "breakable": (enable_breakable_cuda_graph, "bcg"),
-    "piecewise": (enable_tc_piecewise_cuda_graph, "pcg"),
-}
-
-
-@pytest.mark.parametrize("graph", sorted(_GRAPHS))
+@pytest.mark.parametrize("reference", ["no_lora", "fusion"])
 @pytest.mark.parametrize("quantized_x", [False, True])
 @pytest.mark.parametrize("return_indices", [True, False])
-def test_lora_dispatches_the_split_op_like_upstream_does_without_lora(
-    graph, quantized_x, return_indices, split_op_calls, upstream_body_runs
+def test_breakable_lora_dispatches_the_split_op_as_upstream_does_without_lora(
+    reference, quantized_x, return_indices, split_op_calls, upstream_body_runs
 ):
-    enter_graph, op = _GRAPHS[graph]
     x, q_lora, positions = _inputs()
     # ROCm's fused RMSNorm+quant hands (x, x_s) over; the op takes the parts.
     x_in = (x, torch.ones(ROWS, 1)) if quantized_x else x
     batch = _batch()
 
-    with enter_graph():
-        result = _indexer(lora=True).forward_cuda(
+    with enable_breakable_cuda_graph():
+        result = _lora_indexer().forward_cuda(
             x_in, q_lora, positions, batch, LAYER, return_indices=return_indices
         )
     assert upstream_body_runs == [], "the LoRA case fell through to upstream"
     assert len(split_op_calls) == 1
     ours_call = split_op_calls.pop()
 
-    with enter_graph():
-        reference = _indexer(lora=False).forward_cuda(
+    without = (
+        _indexer(_weights_proj())
+        if reference == "no_lora"
+        else _indexer(_lora_weights_proj(_weights_proj()), fusion=True)
+    )
+    with enable_breakable_cuda_graph():
+        upstream_result = without.forward_cuda(
             x_in, q_lora, positions, batch, LAYER, return_indices=return_indices
         )
-    assert upstream_body_runs == [1], "without LoRA upstream must dispatch"
+    assert upstream_body_runs == [1], (
+        "without a LoRA-owned weights_proj upstream dispatches"
+    )
     assert len(split_op_calls) == 1
     upstream_call = split_op_calls.pop()
 
-    assert _describe(ours_call)["op"] == op
     assert _describe(ours_call) == _describe(upstream_call)
+    assert _describe(ours_call)["op"] == "bcg"
     assert _describe(ours_call)["topk_result"] == (
         ((ROWS if return_indices else 0), TOPK),
         torch.int32,
         True,
     )
-    assert (
-        ours_call["x"] is x
-        and ours_call["q_lora"] is q_lora
-        and ours_call["positions"] is positions
-    )
     if return_indices:
         # The static buffer the split op filled in place is the layer's result.
         assert result is ours_call["topk_result"] and bool((result == 7).all())
-        assert reference is upstream_call["topk_result"]
+        assert upstream_result is upstream_call["topk_result"]
     else:
-        assert result is None and reference is None
+        assert result is None and upstream_result is None
+
+
+def test_piecewise_lora_keeps_a_clear_error(split_op_calls, upstream_body_runs):
+    """tc_piecewise is no config choice in 0.5.23: upstream keeps its refusal, with
+    advice that names the flags that work."""
+    x, q_lora, positions = _inputs()
+    with enable_tc_piecewise_cuda_graph(), pytest.raises(RuntimeError) as raised:
+        _lora_indexer().forward_cuda(x, q_lora, positions, _batch(), LAYER)
+    assert str(raised.value) == ours.PIECEWISE_LORA_ERROR
+    assert str(raised.value.__cause__) == GRAPH_WEIGHTS_PROJ_LORA_ERROR
+    assert upstream_body_runs == [1] and split_op_calls == []
+
+    with enable_tc_piecewise_cuda_graph():
+        _indexer(_weights_proj()).forward_cuda(x, q_lora, positions, _batch(), LAYER)
+    assert [call["op"] for call in split_op_calls] == ["pcg"], "no LoRA: upstream"
 
 
 @pytest.mark.parametrize(
-    "case",
-    ["decode", "prefill_cp"],
+    "case, expected",
+    [
+        ("decode", ours.BREAKABLE_DECODE_LORA_ERROR.format(mode="DECODE")),
+        (
+            "target_verify",
+            ours.BREAKABLE_DECODE_LORA_ERROR.format(mode="TARGET_VERIFY"),
+        ),
+        ("prefill_cp", ours.BREAKABLE_PREFILL_LORA_ERROR),
+    ],
 )
-def test_lora_off_the_split_op_surface_runs_upstream(
-    case, split_op_calls, upstream_body_runs
+def test_breakable_paths_without_the_split_op_keep_a_clear_error(
+    case, expected, split_op_calls, upstream_body_runs
 ):
-    """Graph paths with no split op keep upstream's behaviour, its refusal included."""
-    indexer = _indexer(lora=True, prefill_cp=case == "prefill_cp")
-    query = torch.randn(ROWS, N_HEADS, HEAD_DIM).bfloat16()
-    indexer._get_q_k_bf16 = types.MethodType(
-        _q_k_bf16(query, torch.randn(ROWS, HEAD_DIM)), indexer
-    )
-    mode = ForwardMode.DECODE if case == "decode" else ForwardMode.EXTEND
+    """Breakable graph paths that capture the gate in the graph (decode graph
+    without the dual-stream branch, speculative verify, prefill CP) keep
+    upstream's refusal, reworded."""
+    indexer = _lora_indexer(prefill_cp=case == "prefill_cp")
+    _with_q_k(indexer)
+    mode = {
+        "decode": ForwardMode.DECODE,
+        "target_verify": ForwardMode.TARGET_VERIFY,
+        "prefill_cp": ForwardMode.EXTEND,
+    }[case]
     x, q_lora, positions = _inputs()
 
-    with enable_breakable_cuda_graph(), pytest.raises(RuntimeError, match=GRAPH_ERROR):
+    with enable_breakable_cuda_graph(), pytest.raises(RuntimeError) as raised:
         indexer.forward_cuda(x, q_lora, positions, _batch(mode), LAYER)
-    assert upstream_body_runs == [1]
-    assert split_op_calls == []
+    assert str(raised.value) == expected
+    assert str(raised.value.__cause__) == GRAPH_WEIGHTS_PROJ_LORA_ERROR
+    assert upstream_body_runs == [1] and split_op_calls == []
 
 
-def test_lora_eager_forward_runs_upstream(split_op_calls):
-    indexer = _indexer(lora=True)
+def test_other_errors_pass_through_unchanged():
+    indexer = _lora_indexer()
+    boom = RuntimeError("boom")
+
+    def failing_q_k(*args, **kwargs):
+        raise boom
+
+    indexer._get_q_k_bf16 = failing_q_k
+    x, q_lora, positions = _inputs()
+    with enable_breakable_cuda_graph(), pytest.raises(RuntimeError) as raised:
+        indexer.forward_cuda(x, q_lora, positions, _batch(ForwardMode.DECODE), LAYER)
+    assert raised.value is boom
+
+
+@pytest.mark.parametrize("prefill_cp", [False, True])
+def test_lora_eager_forward_runs_upstream(prefill_cp, split_op_calls):
+    """use_cuda_graph=False: the eager path (also what prefill CP's interleaved
+    indexer uses inside the breakable graph), which applies LoRA itself."""
+    indexer = _lora_indexer(prefill_cp=prefill_cp)
     x, q_lora, positions = _inputs()
     lookups = []
 
@@ -383,6 +838,37 @@ def test_lora_eager_forward_runs_upstream(split_op_calls):
     assert split_op_calls == []
 
 
+def test_error_messages_name_the_path_and_the_flags():
+    messages = {
+        ours.PIECEWISE_LORA_ERROR: [
+            "tc_piecewise",
+            "--cuda-graph-backend-prefill breakable",
+            "--cuda-graph-backend-prefill disabled",
+        ],
+        ours.BREAKABLE_DECODE_LORA_ERROR.format(mode="TARGET_VERIFY"): [
+            "TARGET_VERIFY batches",
+            "--cuda-graph-backend-decode breakable",
+            "--cuda-graph-backend-decode full",
+        ],
+        ours.BREAKABLE_PREFILL_LORA_ERROR: [
+            "context-parallel prefill",
+            "--cuda-graph-backend-prefill disabled",
+        ],
+        ours.QUANTIZED_ACTIVATIONS_LORA_ERROR: [
+            "quantized indexer activations",
+            "--cuda-graph-backend-prefill disabled",
+        ],
+    }
+    for message, names in messages.items():
+        assert message.startswith(
+            "DSA indexer LoRA on indexer.weights_proj is not supported"
+        )
+        for name in names + ["--lora-target-modules"]:
+            assert name in message, (name, message)
+        # Upstream's advice, which does not help with the default graph.
+        assert "remove the explicit" not in message
+
+
 # --------------------------------------------------------------------------- #
 # End to end: what a breakable-graph replay runs for one layer.
 # --------------------------------------------------------------------------- #
@@ -391,22 +877,18 @@ def test_lora_eager_forward_runs_upstream(split_op_calls):
 def test_breakable_replay_feeds_the_lora_gate_to_the_topk(monkeypatch):
     """forward_cuda under a breakable graph dispatches the split op, whose real
     eager body (what the replay runs at the graph break) builds the head gate
-    through the patched _get_logits_head_gate, LoRA delta included, and hands it
-    to the ragged top-k."""
+    through the patched _get_logits_head_gate, each request's adapter included
+    and the other rows as without LoRA, and hands it to the ragged top-k."""
     # At a replay the breakable wrapper calls straight into the op's eager body.
     monkeypatch.setattr(
         upstream,
         "bcg_dsa_indexer_prefill_split",
         split_ops.pcg_dsa_indexer_prefill_split.__wrapped__,
     )
-    indexer = _indexer(lora=True)
+    indexer = _lora_indexer()
     x, q_lora, positions = _inputs()
-    batch = _batch(num_tokens=ROWS - 2)  # real tokens inside the padded bucket
-    n = batch.extend_num_tokens
-    g = torch.Generator().manual_seed(2)
-    query = torch.randn(ROWS, N_HEADS, HEAD_DIM, generator=g).bfloat16()
-    key = torch.randn(ROWS, HEAD_DIM, generator=g).bfloat16()
-    indexer._get_q_k_bf16 = types.MethodType(_q_k_bf16(query, key), indexer)
+    batch = _batch()  # TOKENS real tokens inside the padded bucket
+    query, key = _with_q_k(indexer)
     stores, topks = [], []
 
     def store(self, *, forward_batch, layer_id, key, act_quant, out_cache_loc=None):
@@ -454,18 +936,14 @@ def test_breakable_replay_feeds_the_lora_gate_to_the_topk(monkeypatch):
 
     (topk,) = topks
     _, q_scale = _act_quant(query, indexer.block_size, indexer.scale_fmt)
-    torch.testing.assert_close(topk["weights"], _lora_gate(indexer, x, q_scale))
-    bare = _bare_gate(indexer, x, q_scale)
-    assert (topk["weights"] - bare).abs().max() > 3 * bare.abs().max()
-    assert indexer.bare_gemm_calls == 0
-    assert topk["metadata"] is metadata and topk["q_rows"] == n
+    _assert_gate(topk["weights"], x, q_scale)
+    assert topk["metadata"] is metadata and topk["q_rows"] == TOKENS
     (stored,) = stores
     assert stored["layer_id"] == LAYER
-    assert torch.equal(stored["key"], key[:n]) and torch.equal(
-        stored["out_cache_loc"], batch.out_cache_loc[:n]
-    )
+    assert torch.equal(stored["key"], key[:TOKENS])
+    assert torch.equal(stored["out_cache_loc"], batch.out_cache_loc[:TOKENS])
     assert result.shape == (ROWS, TOPK) and result.dtype == torch.int32
     assert torch.equal(
-        result[:n], torch.arange(TOPK, dtype=torch.int32).expand(n, TOPK)
+        result[:TOKENS], torch.arange(TOPK, dtype=torch.int32).expand(TOKENS, TOPK)
     )
-    assert bool((result[n:] == -1).all()), "padded rows must keep the -1 sentinel"
+    assert bool((result[TOKENS:] == -1).all()), "padded rows must keep the -1 sentinel"
