@@ -25,15 +25,6 @@ DEMO = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _restore_environ():
-    """Resolution exports SGLANG_* variables (handle_environment_variables)."""
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
-
-
 def explain(capsys, *argv):
     status = cli.main(["explain", *argv])
     return status, capsys.readouterr().out

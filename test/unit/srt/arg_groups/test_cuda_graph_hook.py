@@ -4,7 +4,6 @@ pipeline on real ModelConfigs, with only the hardware probes answered as on an
 H200 (or an A100) by ``sglang_graphfix.cli.simulated_gpu``."""
 
 import logging
-import os
 from unittest import mock
 
 import pytest
@@ -33,15 +32,6 @@ BREAKABLE_REJECTED = {"kimi_linear"}
 # sglang refuses these itself, whatever the graph (model_hook: LFM2's first layer
 # might not be attention, which triton requires).
 SGLANG_REFUSES = {("lfm2", "triton"): "does not support triton attention backend"}
-
-
-@pytest.fixture(autouse=True)
-def _restore_environ():
-    """Resolution exports SGLANG_* variables (handle_environment_variables)."""
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 @pytest.fixture(scope="module")

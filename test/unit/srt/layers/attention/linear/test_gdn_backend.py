@@ -2,12 +2,22 @@
 sglang's own eager helpers (FLA chunk indices/offsets, the eager track plan and
 conv-window indices of MambaAttnBackendBase)."""
 
-import types
 from types import SimpleNamespace
 
 import pytest
 import torch
-from gdn_stub import BUCKET, CHUNK, SLOTS_PER_GRAPH, WINDOW, capture_view, make_gdn
+from gdn_stub import (
+    BUCKET,
+    CHUNK,
+    LENS,
+    SLOTS_PER_GRAPH,
+    TRACK_DST,
+    WINDOW,
+    capture_view,
+    live_batch,
+    make_gdn,
+    replay_view,
+)
 
 from sglang.kernels.ops.attention.fla.index import (
     prepare_chunk_indices,
@@ -23,7 +33,6 @@ from sglang.kernels.ops.mamba.kda_prefill_track import (
     TRACK_NONE,
 )
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.runner_utils.prefill_graph import prefill_graph_scope
 from sglang_graphfix.srt.layers.attention.linear import gdn_backend as ours
 from sglang_graphfix.srt.layers.attention.linear.gdn_prefill_graph import (
@@ -32,47 +41,11 @@ from sglang_graphfix.srt.layers.attention.linear.gdn_prefill_graph import (
 )
 
 
-LENS, PREFIX, TRACK_SEQ_LENS = [37, 100, 110], [0, 10, 3], [37, 74, 113]
-TRACKED, TRACK_DST = [True, True, True], [10, 11, 12]
-
-
-def _live_batch():
-    """A 3-request prefill (row 1 has a prefix) with prefix-cache tracking: row 0
-    unaligned in its first chunk, row 1 aligned (64 tokens), row 2 unaligned."""
-    batch = SimpleNamespace(
-        forward_mode=ForwardMode.EXTEND,
-        batch_size=len(LENS),
-        extend_seq_lens_cpu=LENS,
-        extend_prefix_lens_cpu=PREFIX,
-        extend_prefix_lens=torch.tensor(PREFIX),
-        req_pool_indices=torch.tensor([1, 2, 3]),
-        mamba_track_mask=torch.tensor(TRACKED),
-        mamba_track_seqlens=torch.tensor(TRACK_SEQ_LENS),
-        mamba_track_indices=torch.tensor(TRACK_DST),
-        mamba_prefill_track_mask_cpu=TRACKED,
-        mamba_track_seqlens_cpu=TRACK_SEQ_LENS,
-    )
-    batch.mamba_track_aligned_lens = types.MethodType(
-        ForwardBatch.mamba_track_aligned_lens, batch
-    )
-    return batch
-
-
-def _replay_view(live):
-    """PrefillCudaGraphRunner._prepare_forward_metadata_for_replay's padded view."""
-    view = SimpleNamespace(**vars(live))
-    view.batch_size = SLOTS_PER_GRAPH
-    view.input_ids = torch.zeros(BUCKET, dtype=torch.int64)
-    view.req_pool_indices = torch.tensor([1, 2, 3, 0])
-    view.extend_prefix_lens = torch.tensor([*PREFIX, 0])
-    return view
-
-
 def _captured_then_replayed(backend):
     ours.prepare_full_prefill_graph_tables(backend, capture_view(), in_capture=True)
-    live = _live_batch()
+    live = live_batch()
     meta = ours.prepare_full_prefill_graph_tables(
-        backend, _replay_view(live), in_capture=False
+        backend, replay_view(live), in_capture=False
     )
     assert (
         meta

@@ -3,12 +3,18 @@ slots), the replay refill from the runner's slot-padded batch checked against
 upstream's own breakable-graph fill of the same live batch, the extend routed to
 them, eager forwards off them, and the capture-time checks."""
 
-import types
 from types import SimpleNamespace
 
 import pytest
 import torch
-from gdn_stub import BUCKET, CHUNK, SLOTS_PER_GRAPH, capture_view
+from gdn_stub import (
+    BUCKET,
+    CHUNK,
+    SLOTS_PER_GRAPH,
+    capture_view,
+    live_batch,
+    replay_view,
+)
 from kda_stub import make_kda
 
 from sglang.kernels.ops.mamba.causal_conv1d_triton import PAD_SLOT_ID
@@ -21,53 +27,15 @@ from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBack
 from sglang.srt.layers.attention.linear.kda_prefill_graph import (
     KDAPrefillGraphMetadata,
 )
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_graphfix.srt.layers.attention.linear import kda_backend as ours
 
 UPSTREAM = "sglang.srt.layers.attention.linear.kda_backend."
-LENS, PREFIX, TRACK_SEQ_LENS = [37, 100, 110], [0, 10, 3], [37, 74, 113]
-TRACKED, TRACK_DST = [True, True, True], [10, 11, 12]
 
 
 @pytest.fixture(autouse=True)
 def kda_runtime_probes(monkeypatch):
     monkeypatch.setattr(UPSTREAM + "mamba_cache_chunk_size", lambda: CHUNK)
     monkeypatch.delenv("SGLANG_DISABLE_KDA_PREFILL_GRAPH_EXTEND", raising=False)
-
-
-def _live_batch():
-    """A 3-request prefill (rows 1 and 2 have a prefix) with prefix-cache
-    tracking: row 0 unaligned, row 1 chunk-aligned, row 2 unaligned."""
-    batch = SimpleNamespace(
-        forward_mode=ForwardMode.EXTEND,
-        batch_size=len(LENS),
-        extend_num_tokens=sum(LENS),
-        extend_seq_lens_cpu=LENS,
-        extend_prefix_lens_cpu=PREFIX,
-        extend_prefix_lens=torch.tensor(PREFIX),
-        req_pool_indices=torch.tensor([1, 2, 3]),
-        mamba_track_mask=torch.tensor(TRACKED),
-        mamba_track_seqlens=torch.tensor(TRACK_SEQ_LENS),
-        mamba_track_indices=torch.tensor(TRACK_DST),
-        mamba_prefill_track_mask_cpu=TRACKED,
-        mamba_track_seqlens_cpu=TRACK_SEQ_LENS,
-        _original_batch_size=None,
-    )
-    batch.mamba_track_aligned_lens = types.MethodType(
-        ForwardBatch.mamba_track_aligned_lens, batch
-    )
-    return batch
-
-
-def _replay_view(live):
-    """PrefillCudaGraphRunner._prepare_forward_metadata_for_replay's padded view:
-    request slots padded to the capture's with pool row 0, the real CPU lists."""
-    view = SimpleNamespace(**vars(live))
-    view.batch_size = SLOTS_PER_GRAPH
-    view.input_ids = torch.zeros(BUCKET, dtype=torch.int64)
-    view.req_pool_indices = torch.tensor([1, 2, 3, 0])
-    view.extend_prefix_lens = torch.tensor([*PREFIX, 0])
-    return view
 
 
 def _captured(kda):
@@ -88,11 +56,11 @@ def test_capture_tables_hold_every_slot_and_pad_the_sentinels():
     assert meta.track_mode.tolist() == [TRACK_NONE] * SLOTS_PER_GRAPH
 
 
-def test_replay_tables_equal_upstreams_breakable_fill_of_the_live_batch():
+def test_replay_tables_equal_upstreams_breakable_fill_of_thelive_batch():
     kda = make_kda()
     _captured(kda)
     ours_meta = ours.prepare_kda_full_prefill_graph_tables(
-        kda, _replay_view(_live_batch()), in_capture=False
+        kda, replay_view(live_batch()), in_capture=False
     )
     assert ours_meta is kda.full_prefill_graph_tables[BUCKET]
     assert kda.prefill_graph_metadata is ours_meta
@@ -107,7 +75,7 @@ def test_replay_tables_equal_upstreams_breakable_fill_of_the_live_batch():
         device=torch.device("cpu"),
     )
     upstream = make_kda()
-    upstream.refresh_prefill_graph_metadata(reference, _live_batch())
+    upstream.refresh_prefill_graph_metadata(reference, live_batch())
 
     assert torch.equal(ours_meta.packed, reference.packed)
     assert torch.equal(ours_meta.cache_indices, reference.cache_indices)
@@ -141,13 +109,13 @@ def test_replay_errors_name_the_problem():
     kda = make_kda()
     with pytest.raises(RuntimeError, match="no tables were captured for the 256"):
         ours.prepare_kda_full_prefill_graph_tables(
-            kda, _replay_view(_live_batch()), in_capture=False
+            kda, replay_view(live_batch()), in_capture=False
         )
     kda.req_to_token_pool.enable_mamba_extra_buffer = False  # instance override
     _captured(kda)
     with pytest.raises(RuntimeError, match="captured without track copies"):
         ours.prepare_kda_full_prefill_graph_tables(
-            kda, _replay_view(_live_batch()), in_capture=False
+            kda, replay_view(live_batch()), in_capture=False
         )
 
 
@@ -186,7 +154,7 @@ def test_an_eager_forward_never_runs_on_the_tables(monkeypatch):
             self, "forward_metadata", SimpleNamespace(has_mamba_track_mask=False)
         ),
     )
-    kda.init_forward_metadata(_live_batch())
+    kda.init_forward_metadata(live_batch())
     assert kda.prefill_graph_metadata is None
     monkeypatch.setattr(
         UPSTREAM + "kda_extend_in_graph", lambda **kw: pytest.fail("used the tables")
@@ -195,7 +163,7 @@ def test_an_eager_forward_never_runs_on_the_tables(monkeypatch):
     _layer_cache(kda)
     with pytest.raises(AttributeError, match="query_start_loc"):
         kda.forward_extend(
-            layer=SimpleNamespace(layer_id=0), forward_batch=_live_batch(),
+            layer=SimpleNamespace(layer_id=0), forward_batch=live_batch(),
             mixed_qkv=torch.zeros(247, 8), a=None, b=None,
         )  # fmt: skip
 
