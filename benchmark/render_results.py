@@ -55,9 +55,7 @@ def gdn_latency() -> list:
                 for k in keys
             ]
             rows.append(
-                f"| full vs {other} | "
-                + " | ".join(f"{r:.1f}x" for r in ratios)
-                + " |"
+                f"| full vs {other} | " + " | ".join(f"{r:.1f}x" for r in ratios) + " |"
             )
         rows.append("")
     return rows
@@ -73,7 +71,9 @@ def kimi_latency() -> list:
     ]
     for name, r in report["prefill_backend"].items():
         if "error" in r:
-            rows.append(f"| {name} | refused at startup: {r['error'].split(': ', 1)[0]} (sglang's breakable rules exclude KDA off GLM-5.3 Flash) | | | |")
+            rows.append(
+                f"| {name} | refused at startup: {r['error'].split(': ', 1)[0]} (sglang's breakable rules exclude KDA off GLM-5.3 Flash) | | | |"
+            )
             continue
         ttft = " / ".join(str(r["ttft"][k]["forward_ms"]) for k in ("16", "64", "256"))
         rows.append(
@@ -112,7 +112,8 @@ def correctness() -> list:
         max(d["output"], d["conv_state"], d["ssm_state"]) for d in kernel.values()
     )
     gdn_diff, gdn_bad_n, gdn_steps = _steps(gdn["batches"])
-    gdn_top = max(f["max_logprob_diff"] for f in gdn["first_token_top20"])
+    gdn_first = gdn.get("first_token_topk") or gdn["first_token_top20"]  # older runs
+    gdn_top = max(f["max_logprob_diff"] for f in gdn_first)
     lengths = ", ".join("/".join(map(str, b)) for b in gdn["prompt_lengths"])
     llama_diff, llama_bad, llama_steps = _steps(llama["batches"])
     control = llama["control_rotated_prompts"]

@@ -173,6 +173,32 @@ def first_token_topk(reference: list, candidate: list) -> dict:
     return {"k": k, "shared_topk_per_prompt": shared, "max_logprob_diff": max_diff}
 
 
+def replays_per_batch(results: list, before: int, counter: str) -> list:
+    """How often the probe ``counter`` fired during each batch of run_engine()."""
+    counts = [r[0]["probe_counts"].get(counter, 0) for r in results]
+    return [b - a for a, b in zip([before] + counts, counts)]
+
+
+def graph_vs_eager(eager: list, graph: list, *, tol: float) -> dict:
+    """Per batch: compare() and first_token_topk() of a graph engine's outputs
+    against the eager engine's, as the GPU tests write and assert them."""
+    return {
+        "tolerance": tol,
+        "batches": [compare(e, g, tol=tol) for e, g in zip(eager, graph)],
+        "first_token_topk": [first_token_topk(e, g) for e, g in zip(eager, graph)],
+    }
+
+
+def assert_graph_matches_eager(report: dict) -> None:
+    """Greedy tokens and logprobs within tolerance in every batch; the prefill's
+    logits (first token's top-k) share all but two tokens, within tolerance."""
+    for r in report["batches"]:
+        assert r["compared_steps"] > 0 and not r["mismatches"], r
+    for f in report["first_token_topk"]:
+        assert min(f["shared_topk_per_prompt"]) >= f["k"] - 2, f
+        assert f["max_logprob_diff"] <= report["tolerance"], f
+
+
 def write_result(name: str, payload: dict) -> None:
     out = Path(os.environ.get("OUT") or HERE / ".results")
     out.mkdir(parents=True, exist_ok=True)

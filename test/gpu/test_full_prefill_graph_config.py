@@ -16,7 +16,15 @@ import re
 import time
 
 import pytest
-from engine_utils import compare, diverged, first_token_topk, run_engine, write_result
+from engine_utils import (
+    assert_graph_matches_eager,
+    compare,
+    diverged,
+    first_token_topk,
+    graph_vs_eager,
+    run_engine,
+    write_result,
+)
 from models import prompts, tiny_llama
 from tiny_configs import write_config
 
@@ -171,8 +179,7 @@ def test_llama_full_prefill_graph_captures_and_replays(llama_runs):
 
 def test_llama_full_prefill_graph_matches_eager(llama_runs):
     graph, eager, log = llama_runs
-    per_batch = [compare(e, g, tol=TOL) for e, g in zip(eager, graph)]
-    first = [first_token_topk(e, g) for e, g in zip(eager, graph)]
+    report = graph_vs_eager(eager, graph, tol=TOL)
     # Can-fail control: the same comparisons against the eager outputs of other
     # prompts (rotated by one) must fail.
     flat_eager = [r for batch in eager for r in batch]
@@ -183,19 +190,13 @@ def test_llama_full_prefill_graph_matches_eager(llama_runs):
     write_result(
         "llama_full_prefill_vs_eager",
         {
-            "tolerance": TOL,
+            **report,
             "prompt_lengths": [[len(p) for p in b["input_ids"]] for b in BATCHES],
             "prefill_batches_on_graph": len(re.findall(r"Prefill batch.*cuda graph: True", log)),
             "prefill_batches_eager": len(re.findall(r"Prefill batch.*cuda graph: False", log)),
-            "batches": per_batch,
-            "first_token_top20": first,
-            "control_rotated_prompts": {"tokens": control, "first_token_top20": control_first},
+            "control_rotated_prompts": {"tokens": control, "first_token_topk": control_first},
         },
     )  # fmt: skip
-    for r in per_batch:
-        assert r["compared_steps"] > 0 and not r["mismatches"], r
-    for f in first:  # the prefill's logits: same top-20 tokens, same logprobs
-        assert min(f["shared_topk_per_prompt"]) >= TOPK - 2, f
-        assert f["max_logprob_diff"] <= TOL, f
+    assert_graph_matches_eager(report)
     assert diverged(control), control
     assert max(control_first["shared_topk_per_prompt"]) < TOPK // 2, control_first

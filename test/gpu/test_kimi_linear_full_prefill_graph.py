@@ -11,10 +11,12 @@ test_hybrid_linear_attn_backend.py::test_full_attention_without_a_full_prefill_p
 
 import pytest
 from engine_utils import (
-    diverged,
+    assert_graph_matches_eager,
     compare,
-    first_token_topk,
+    diverged,
+    graph_vs_eager,
     probe_count,
+    replays_per_batch,
     run_engine,
     write_result,
 )
@@ -87,18 +89,13 @@ def eager(kimi_linear_path):
     )
 
 
-def _replays_per_batch(results, before):
-    counts = [r[0]["probe_counts"].get("kda_graph_replay", 0) for r in results]
-    return [b - a for a, b in zip([before] + counts, counts)]
-
-
 @pytest.fixture(scope="module")
 def graph(kimi_linear_path):
     before = probe_count("kda_graph_replay")
     results = run_engine(
         _engine_kwargs(kimi_linear_path, FULL), BATCHES, top_logprobs_num=TOPK
     )
-    return results, _replays_per_batch(results, before)
+    return results, replays_per_batch(results, before, "kda_graph_replay")
 
 
 def test_full_prefill_graph_replays(graph):
@@ -111,23 +108,16 @@ def test_full_prefill_graph_replays(graph):
 
 def test_full_prefill_graph_matches_eager(graph, eager):
     results, replays = graph
-    per_batch = [compare(e, g, tol=TOL) for e, g in zip(eager, results)]
-    first = [first_token_topk(e, g) for e, g in zip(eager, results)]
+    report = graph_vs_eager(eager, results, tol=TOL)
     write_result(
         "kimi_linear_full_prefill_vs_eager",
         {
-            "tolerance": TOL,
+            **report,
             "prompt_lengths": [[len(p) for p in b["input_ids"]] for b in BATCHES],
             "graph_replays": replays,
-            "batches": per_batch,
-            "first_token_top20": first,
         },
     )
-    for r in per_batch:
-        assert r["compared_steps"] > 0 and not r["mismatches"], r
-    for f in first:  # the prefill's logits: same top-20 tokens, same logprobs
-        assert min(f["shared_topk_per_prompt"]) >= TOPK - 2, f
-        assert f["max_logprob_diff"] <= TOL, f
+    assert_graph_matches_eager(report)
 
 
 def test_wrong_graph_state_changes_outputs(kimi_linear_path, graph, eager):
