@@ -73,7 +73,9 @@ def run_engine(
 ) -> list:
     """Start an Engine, run each batch in order, shut it down.
 
-    A batch: {"input_ids": [[int]], "max_new_tokens": int, "lora_path": str|None}.
+    A batch: {"input_ids": [[int]], "max_new_tokens": int, "lora_path": ...}, where
+    lora_path is one adapter (or None) for every prompt, or a list of them, one
+    per prompt.
     Returns one list per batch, one dict per prompt (output_ids, output_logprobs,
     top2); the first dict of each batch also holds "probe_counts" (snapshot after
     the batch) and "seconds" (wall time of the batch).
@@ -86,8 +88,8 @@ def run_engine(
         engine = sglang.Engine(**kwargs)
         try:
             for batch in batches:
-                prompts = batch["input_ids"]
-                lora = batch.get("lora_path")
+                prompts, lora = batch["input_ids"], batch.get("lora_path")
+                loras = lora if isinstance(lora, list) else [lora] * len(prompts)
                 start = time.perf_counter()
                 outs = engine.generate(
                     input_ids=prompts,
@@ -98,7 +100,7 @@ def run_engine(
                     },
                     return_logprob=True,
                     top_logprobs_num=top_logprobs_num,
-                    lora_path=[lora] * len(prompts) if lora else None,
+                    lora_path=loras if any(loras) else None,
                 )
                 seconds = time.perf_counter() - start
                 parsed = [_parse(o) for o in outs]

@@ -38,11 +38,9 @@ from dsa_model import (
 )
 from engine_utils import (
     PROBE_PATH,
-    _env,
-    _parse,
     compare,
     probe_count,
-    probe_counts,
+    run_engine,
     write_result,
 )
 
@@ -137,41 +135,6 @@ def _graph_prefill():
     return {"max_bs": max(PREFILL_BUCKETS), "bs": PREFILL_BUCKETS}
 
 
-def _run_engine(engine_kwargs: dict, batches: list) -> list:
-    """engine_utils.run_engine, except that a batch's lora_path may also be a
-    list with one adapter (or None) per prompt."""
-    import sglang
-
-    kwargs = {"skip_tokenizer_init": True, "log_level": "warning", **engine_kwargs}
-    results = []
-    with _env(ENV):
-        engine = sglang.Engine(**kwargs)
-        try:
-            for batch in batches:
-                prompts, lora = batch["input_ids"], batch.get("lora_path")
-                loras = lora if isinstance(lora, list) else [lora] * len(prompts)
-                start = time.perf_counter()
-                outs = engine.generate(
-                    input_ids=prompts,
-                    sampling_params={
-                        "temperature": 0.0,
-                        "max_new_tokens": batch["max_new_tokens"],
-                        "ignore_eos": True,
-                    },
-                    return_logprob=True,
-                    top_logprobs_num=2,
-                    lora_path=loras if any(loras) else None,
-                )
-                seconds = time.perf_counter() - start
-                parsed = [_parse(o) for o in outs]
-                parsed[0]["probe_counts"] = probe_counts()
-                parsed[0]["seconds"] = seconds
-                results.append(parsed)
-        finally:
-            engine.shutdown()
-    return results
-
-
 class EngineStartupError(RuntimeError):
     """The engine did not start; the message is the child process's output."""
 
@@ -251,7 +214,7 @@ def graph_run(dsa_paths):
     before = probe_count(COUNTER)
     names = ["warmup", *(f"with_{n}" for n in ADAPTERS), "without", "mixed"]
     batches = [WARMUP, *WITH.values(), WITHOUT, MIXED, *ALONE]
-    results = _run_engine(_engine_kwargs(*dsa_paths, _graph_prefill()), batches)
+    results = run_engine(_engine_kwargs(*dsa_paths, _graph_prefill()), batches, env=ENV)
     run = dict(zip(names, results))
     run["alone"] = [r[0] for r in results[len(names) :]]
     run["before"] = before
@@ -262,7 +225,7 @@ def graph_run(dsa_paths):
 def eager_run(dsa_paths):
     before = probe_count(COUNTER)
     kwargs = _engine_kwargs(*dsa_paths, {"backend": "disabled"})
-    results = _run_engine(kwargs, [WARMUP, *WITH.values()])
+    results = run_engine(kwargs, [WARMUP, *WITH.values()], env=ENV)
     return {
         "before": before,
         "warmup": results[0],
