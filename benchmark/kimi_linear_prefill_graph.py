@@ -77,6 +77,7 @@ def _graph_stats(info: dict) -> tuple:
 
 def measure(model_path: str, prefill: dict, warmup: int, repeats: int) -> dict:
     import sglang
+    from graphfix_bench_timer import read_forwards
     from models import prompts
 
     timer = Path(tempfile.mkdtemp(prefix="graphfix-timer")) / "forwards.txt"
@@ -123,13 +124,9 @@ def measure(model_path: str, prefill: dict, warmup: int, repeats: int) -> dict:
             ttft[length] = {"e2e_ms": round(statistics.median(e2e), 3)}
     finally:
         engine.shutdown()
-    forwards = {}  # tokens -> [(graph, ms)], the last `repeats` of each length
-    if timer.exists():
-        for line in timer.read_text().splitlines():
-            _, tokens, graph, ms = line.split()
-            forwards.setdefault(int(tokens), []).append((bool(int(graph)), float(ms)))
-    for length in LENGTHS:
-        runs = forwards.get(length, [])[-repeats:]
+    forwards = read_forwards(timer) if timer.exists() else {}
+    for length in LENGTHS:  # one prompt each; the last `repeats` forwards
+        runs = forwards.get((1, length), [])[-repeats:]
         ttft[length]["forward_ms"] = (
             round(statistics.median(ms for _, ms in runs), 3) if runs else None
         )

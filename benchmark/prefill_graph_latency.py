@@ -25,7 +25,6 @@ import os
 import statistics
 import sys
 import tempfile
-from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,6 +78,7 @@ def qwen3_next_dims(path: Path) -> str:
 
 def measure(model: dict, prefill: dict, warmup: int, repeats: int) -> dict:
     from engine_utils import run_engine
+    from graphfix_bench_timer import read_forwards
     from models import prompts
 
     timer = Path(tempfile.mkdtemp(prefix="graphfix-timer")) / "forwards.txt"
@@ -106,10 +106,7 @@ def measure(model: dict, prefill: dict, warmup: int, repeats: int) -> dict:
         batches,
         env={"GRAPHFIX_BENCH_TIMER": timer},
     )
-    forwards = defaultdict(list)  # (batch size, tokens) -> [(graph, ms)]
-    for line in timer.read_text().splitlines():
-        bs, tokens, graph, ms = line.split()
-        forwards[(int(bs), int(tokens))].append((bool(int(graph)), float(ms)))
+    forwards = read_forwards(timer)
     report, i = {}, 0
     for length in LENGTHS:
         for bs in BATCH_SIZES:

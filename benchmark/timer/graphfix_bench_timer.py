@@ -10,6 +10,17 @@ plugin through the dist-info beside it.
 
 import os
 import time
+from collections import defaultdict
+from pathlib import Path
+
+
+def read_forwards(path) -> dict:
+    """The file register() writes: (batch size, tokens) -> [(graph, ms)], in order."""
+    forwards = defaultdict(list)
+    for line in Path(path).read_text().splitlines():
+        bs, tokens, graph, ms = line.split()
+        forwards[(int(bs), int(tokens))].append((bool(int(graph)), float(ms)))
+    return forwards
 
 
 def register():
