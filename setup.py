@@ -9,8 +9,12 @@ setup(
         "under breakable/piecewise prefill graphs."
     ),
     license="Apache-2.0",
-    package_dir={"": "python"},
-    packages=find_packages("python"),
+    # sgl-kernel/: Triton kernels sglang 0.5.23 lacks (sglang_graphfix_kernel).
+    package_dir={
+        "": "python",
+        "sglang_graphfix_kernel": "sgl-kernel/python/sglang_graphfix_kernel",
+    },
+    packages=find_packages("python") + ["sglang_graphfix_kernel"],
     # Sample model configs for `sglang-graphfix explain` without --model-path.
     package_data={"sglang_graphfix": ["sample_configs/*/config.json"]},
     python_requires=">=3.10",

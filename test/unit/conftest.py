@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # The working tree's package (CI also installs it, for the entry point) and the
 # shared tiny configs.
-sys.path[:0] = [str(ROOT / "python"), str(ROOT / "test")]
+sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel" / "python"), str(ROOT / "test")]
 
 import sglang_graphfix  # noqa: E402
 

@@ -14,12 +14,15 @@ the flag that avoids it.
 from __future__ import annotations
 
 import torch
+from sglang_graphfix_kernel.lora_head_gate import add_lora_head_gate_delta_
 
 from sglang.srt.layers.attention.dsa import dsa_indexer
 from sglang.srt.layers.attention.dsa.dsa_prefill_cuda_graph import (
     GRAPH_WEIGHTS_PROJ_LORA_ERROR,
 )
 from sglang.srt.layers.attention.dsa.utils import is_graph_dsa_split_op_surface
+from sglang.srt.lora.backend.chunked_backend import ChunkedSgmvLoRABackend
+from sglang.srt.lora.backend.triton_backend import TritonLoRABackend
 from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.context import (
     is_in_breakable_cuda_graph,
 )
@@ -70,17 +73,23 @@ def weights_proj_has_lora(indexer) -> bool:
 
 def lora_head_gate_logits(indexer, x: torch.Tensor) -> torch.Tensor:
     """``weights_proj(x)`` in fp32 with the live batch's adapters: upstream's fp32
-    base GEMM (the one its gate uses without LoRA) plus the delta that sglang's
-    LoRA backend adds in place for the rows of requests with an adapter. Rows
-    without one keep the base GEMM bit for bit."""
+    base GEMM (the one its gate uses without LoRA) plus the adapter delta for the
+    rows of requests with an adapter. Rows without one keep the base GEMM bit
+    for bit. On sglang's dense LoRA backends (csgmv, triton) the delta is one
+    fused launch (shrink, expand, scaling, add); elsewhere the backend's own."""
     layer = indexer.weights_proj  # ReplicatedLinearWithLoRA
     if not dsa_indexer._is_cuda:
         # Off CUDA upstream's base projection is the module call itself, which
         # for a LoRA layer already adds the delta (as upstream's eager path).
         return layer(x)[0].float()
     base = indexer._weights_proj_bf16_in_fp32_out(x)
+    backend = layer.lora_backend
+    if isinstance(backend, (ChunkedSgmvLoRABackend, TritonLoRABackend)):
+        return add_lora_head_gate_delta_(
+            base, x, layer.lora_a, layer.lora_b, backend.get_batch_info()
+        )
     # The call ReplicatedLinearWithLoRA.forward makes, with the fp32 GEMM as base.
-    return layer.lora_backend.forward_with_base(
+    return backend.forward_with_base(
         layer,
         x,
         lambda: base,
@@ -91,17 +100,30 @@ def lora_head_gate_logits(indexer, x: torch.Tensor) -> torch.Tensor:
     )
 
 
+def batch_has_adapter(layer) -> bool:
+    """Whether any request of the live batch uses an adapter (host-side flag the
+    LoRA manager sets per batch). Always True while a CUDA graph is captured, so
+    a captured gate never bakes in the no-adapter case."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return True
+    return layer.lora_backend.get_batch_info().has_active_lora
+
+
 # What:    Wraps Indexer._get_logits_head_gate: with a LoRA-wrapped weights_proj
 #          the head gate is the fp32 base GEMM plus the adapter delta.
 # Why:     The graph split op (bcg_dsa_indexer_prefill_split) builds the gate
 #          from weights_proj.weight alone, silently dropping the adapter.
-# How:     lora_head_gate_logits (base GEMM + the LoRA backend's delta from the
+# How:     Batches without an adapter run upstream's gate unchanged. Otherwise
+#          lora_head_gate_logits (base GEMM + one fused delta launch from the
 #          live batch info), then the same scaling as the fused-path gate
 #          (_scale_head_gates). Rows without an adapter equal upstream's gate.
 # Upstream: sglang/srt/layers/attention/dsa/dsa_indexer.py::Indexer._get_logits_head_gate
 # Removal: once the upstream split op applies weights_proj LoRA.
 def lora_aware_head_gate(original, self, x, q_scale):
-    if not (weights_proj_has_lora(self) and self.weights_proj.lora_active):
+    layer = self.weights_proj
+    if not (
+        weights_proj_has_lora(self) and layer.lora_active and batch_has_adapter(layer)
+    ):
         return original(self, x, q_scale)
     if isinstance(x, tuple):
         raise RuntimeError(QUANTIZED_ACTIVATIONS_LORA_ERROR)

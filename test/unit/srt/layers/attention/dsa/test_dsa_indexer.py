@@ -6,9 +6,10 @@ TritonLoRABackend (and on ChunkedSgmvLoRABackend, csgmv, sglang's default), whos
 batch info comes from the backend's own prepare_lora_batch: three requests, two adapters of different ranks and scalings
 and one request without an adapter, padded to the graph's token bucket. Only what
 needs a GPU is replaced: the platform probes (is_cuda), pinned host memory, the
-Triton kernels (act_quant and the LoRA shrink/expand: torch references with the
-kernels' contracts, for csgmv's shrink including the compile-cache key under
-which sglang reuses a compiled kernel), upstream's fp32 base GEMM (torch.mm with out_dtype has no CPU
+Triton kernels (act_quant, sglang's LoRA shrink/expand and sgl-kernel's fused
+head-gate delta: torch references with the kernels' contracts, for csgmv's shrink
+including the compile-cache key under which sglang reuses a compiled kernel; the
+fused kernel itself runs in Triton's interpreter in test/unit/sgl_kernel), upstream's fp32 base GEMM (torch.mm with out_dtype has no CPU
 kernel) and the Indexer steps that launch GPU kernels (q/k projection, k-cache
 store, ragged top-k: recorders). Upstream is called through ``__wrapped__`` to
 show what is fixed.
@@ -50,6 +51,7 @@ from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph impo
 )
 from sglang.srt.utils.common import CachedKernel
 from sglang_graphfix.srt.layers.attention.dsa import dsa_indexer as ours
+from sglang_graphfix_kernel.lora_head_gate import request_segments
 
 ROOT = Path(__file__).resolve().parents[6]
 
@@ -234,6 +236,28 @@ def _csgmv_expand(
     return out
 
 
+FUSED_DELTA_CALLS = []
+
+
+def _fused_head_gate_delta(out, x, lora_a, lora_b, batch_info):
+    """sgl-kernel's add_lora_head_gate_delta_: per request (its
+    request_segments view of the batch info), out[rows] += scaling · (x[rows] Aᵀ
+    rounded to x's dtype) Bᵀ in fp32, in place; requests of rank-0 slots and
+    every other row untouched. Counted."""
+    FUSED_DELTA_CALLS.append(batch_info)
+    seg_indptr, weight_indices, count, _ = request_segments(batch_info)
+    for req in range(count):
+        start, end = map(int, seg_indptr[req : req + 2])
+        slot = int(weight_indices[req])
+        rank = int(batch_info.lora_ranks[slot])
+        if rank == 0 or end <= start:
+            continue
+        xa = (x[start:end].float() @ lora_a[slot, :rank].float().t()).to(x.dtype)
+        delta = xa.float() @ lora_b[slot, :, :rank].float().t()
+        out[start:end] += float(batch_info.scalings[slot]) * delta
+    return out
+
+
 def _cuda_fp32_gemm(self, x):
     """Indexer._weights_proj_bf16_in_fp32_out on CUDA: torch.mm(x, weight.t(),
     out_dtype=torch.float32), which has no CPU kernel: the bf16 products
@@ -280,6 +304,8 @@ def _cpu(monkeypatch):
         chunked_backend, "get_lora", lambda: SimpleNamespace(max_lora_chunk_size=16)
     )
     monkeypatch.setattr(Indexer, "_weights_proj_bf16_in_fp32_out", _cuda_fp32_gemm)
+    monkeypatch.setattr(ours, "add_lora_head_gate_delta_", _fused_head_gate_delta)
+    FUSED_DELTA_CALLS.clear()
     for factory in ("tensor", "zeros", "empty", "arange"):
         monkeypatch.setattr(torch, factory, _unpinned(getattr(torch, factory)))
     with torch.compiler.set_stance("force_eager"):
@@ -318,18 +344,19 @@ def _lora_buffers(max_rank=MAX_RANK):
 
 
 def _lora_weights_proj(
-    base, *, prefill_graph=True, backend="triton", max_rank=MAX_RANK
+    base, *, prefill_graph=True, backend="triton", max_rank=MAX_RANK, requests=REQUESTS
 ) -> ReplicatedLinearWithLoRA:
     """weights_proj wrapped by sglang's LoRA layer on the Triton or csgmv backend,
-    its batch info prepared for REQUESTS the way the LoRA manager does before a
-    forward: the static prefill-graph info (breakable replay) or the eager one."""
+    its batch info prepared for ``requests`` the way the LoRA manager does before
+    a forward: the static prefill-graph info (breakable replay) or the eager one,
+    then the host-side has_active_lora flag."""
     if backend == "triton":
         backend = TritonLoRABackend(MAX_LORAS, torch.device("cpu"))
     else:
         backend = ChunkedSgmvLoRABackend(MAX_LORAS, torch.device("cpu"), None)
     layer = ReplicatedLinearWithLoRA(base, backend)
     layer.set_lora_info(*_lora_buffers(max_rank))
-    lens = [n for n, _ in REQUESTS]
+    lens = [n for n, _ in requests]
     ranks, scalings = [0] * MAX_LORAS, [0.0] * MAX_LORAS
     for slot, (rank, scaling) in _adapters(max_rank).items():
         ranks[slot], scalings[slot] = rank, scaling
@@ -338,19 +365,21 @@ def _lora_weights_proj(
     backend.prepare_lora_batch(
         SimpleNamespace(
             forward_mode=ForwardMode.EXTEND,
-            batch_size=len(REQUESTS),
+            batch_size=len(requests),
             extend_seq_lens_cpu=lens,
             extend_seq_lens=torch.tensor(lens, dtype=torch.int32),
-            extend_num_tokens=TOKENS,
+            extend_num_tokens=sum(lens),
             spec_info=None,
             return_logprob=False,
         ),
-        [slot for _, slot in REQUESTS],
+        [slot for _, slot in requests],
         ranks,
         scalings,
         use_cuda_graph=False,
         use_prefill_cuda_graph=prefill_graph,
     )
+    # LoRAManager.prepare_lora_batch sets this after the backend's call.
+    backend.batch_info.has_active_lora = any(ranks[slot] > 0 for _, slot in requests)
     assert layer.lora_active
     return layer
 
@@ -474,6 +503,8 @@ def test_head_gate_is_the_base_gemm_plus_each_requests_adapter(prefill_graph):
 
     _assert_gate(gate, x, q_scale)
     assert indexer.fp32_gemm_calls == 1, "upstream's fp32 base GEMM did not run"
+    (batch_info,) = FUSED_DELTA_CALLS
+    assert batch_info is indexer.weights_proj.lora_backend.batch_info
 
 
 @pytest.mark.parametrize("max_rank", [16, 64], ids=["rank16", "rank64"])
@@ -494,6 +525,8 @@ def test_head_gate_on_the_csgmv_backend(prefill_graph, max_rank):
 
     _assert_gate(gate, x, q_scale, max_rank)
     assert indexer.fp32_gemm_calls == 1
+    (batch_info,) = FUSED_DELTA_CALLS
+    assert batch_info.req_seg_indptr is not None  # csgmv's per-request view
 
 
 def test_csgmv_shrink_stand_in_has_upstreams_compile_cache_key():
@@ -505,21 +538,36 @@ def test_csgmv_shrink_stand_in_has_upstreams_compile_cache_key():
 
 def test_csgmv_second_max_rank_in_one_process_runs_the_first_ranks_shrink():
     """What benchmark/dsa_head_gate.py hit on an H200 (csgmv rank 64 after rank 16,
-    one process): the rank-64 pool ran the shrink compiled for rank 16, whose
-    strides read slot 0 (no adapter) and leave most of x·Aᵀ unwritten. Not a
-    gate bug: a fresh kernel cache (a server's one max rank) is exact."""
+    one process) with sglang's own shrink: the rank-64 pool ran the shrink
+    compiled for rank 16, whose strides read slot 0 (no adapter). A server has one
+    max rank, so this is a benchmark artefact, and the fused gate (its own
+    kernel, specialised on the pool's rank) does not depend on that cache."""
     x, _, _ = _inputs()
     q_scale = _q_scale()
+
+    def backend_gate(indexer):  # the unfused path: sglang's shrink and expand
+        layer = indexer.weights_proj
+        logits = layer.lora_backend.forward_with_base(
+            layer,
+            x,
+            lambda: indexer._weights_proj_bf16_in_fp32_out(x),
+            layer.lora_a,
+            layer.lora_b,
+            layer._output_offset,
+            layer.lora_offsets,
+        )
+        return indexer._scale_head_gates(logits, q_scale)
+
     rank16 = _indexer(_lora_weights_proj(_weights_proj(), backend="csgmv", max_rank=16))
-    _assert_gate(rank16._get_logits_head_gate(x, q_scale), x, q_scale, 16)
+    _assert_gate(backend_gate(rank16), x, q_scale, 16)
 
     rank64 = _indexer(_lora_weights_proj(_weights_proj(), backend="csgmv", max_rank=64))
-    stale = rank64._get_logits_head_gate(x, q_scale)
     with pytest.raises(AssertionError):
-        _assert_gate(stale, x, q_scale, 64)
+        _assert_gate(backend_gate(rank64), x, q_scale, 64)
+    _assert_gate(rank64._get_logits_head_gate(x, q_scale), x, q_scale, 64)
 
     chunked_sgmv_shrink._chunked_lora_shrink_kernel._clear_cache()
-    _assert_gate(rank64._get_logits_head_gate(x, q_scale), x, q_scale, 64)
+    _assert_gate(backend_gate(rank64), x, q_scale, 64)
 
 
 def _benchmark():
@@ -530,33 +578,141 @@ def _benchmark():
     return module
 
 
-@pytest.mark.parametrize(
-    "fresh_kernel", [True, False], ids=["as_is", "no_fresh_kernel"]
-)
-def test_benchmark_checks_csgmv_rank16_then_rank64(monkeypatch, fresh_kernel):
-    """benchmark/dsa_head_gate.py's own setup and check (DeepSeek-V3.2 shapes,
-    2048 tokens) for csgmv rank 16 then 64 in one process, as it runs them on the
-    GPU; without its fresh shrink kernel per backend, rank 64 fails as it did on
-    the H200."""
-    bench = _benchmark()
-    if not fresh_kernel:
-        monkeypatch.setattr(bench, "_fresh_csgmv_shrink_kernel", lambda: None)
-    device, gen = torch.device("cpu"), torch.Generator().manual_seed(0)
+def _benchmark_setup(bench, backend, ranks):
+    """The benchmark's weights_proj, plain and LoRA Indexers, on CPU."""
+    gen = torch.Generator().manual_seed(0)
     base = ReplicatedLinear(
         bench.HIDDEN, bench.N_HEADS, bias=False, params_dtype=torch.bfloat16
     )
     with torch.no_grad():
         base.weight.normal_(0.0, 0.02, generator=gen)
     plain, lora_indexer = bench._indexer(base), bench._indexer(base)
+    for rank in ranks:
+        lora_indexer.weights_proj = bench._lora_layer(
+            base, backend, rank, torch.device("cpu"), gen
+        )
+        yield rank, plain, lora_indexer, gen
+
+
+@pytest.mark.parametrize(
+    "fresh_kernel", [True, False], ids=["as_is", "no_fresh_kernel"]
+)
+def test_benchmark_checks_csgmv_rank16_then_rank64(monkeypatch, fresh_kernel):
+    """benchmark/dsa_head_gate.py's own setup and check (DeepSeek-V3.2 shapes,
+    2048 tokens) for csgmv rank 16 then 64 in one process, as it runs them on the
+    GPU: every check passes. Without its fresh shrink kernel per backend the
+    rank-64 unfused reference (sglang's shrink) fails as it did on the H200; the
+    fused gate does not use that kernel and passes either way."""
+    bench = _benchmark()
+    if not fresh_kernel:
+        monkeypatch.setattr(bench, "_fresh_csgmv_shrink_kernel", lambda: None)
     passed = {}
-    for rank in bench.RANKS:
-        lora_indexer.weights_proj = bench._lora_layer(base, "csgmv", rank, device, gen)
-        check = bench._check(plain, lora_indexer, device, gen)
+    for rank, plain, lora_indexer, gen in _benchmark_setup(bench, "csgmv", bench.RANKS):
+        check = bench._check(plain, lora_indexer, torch.device("cpu"), gen)
         assert check["rank"] == rank
-        assert check["rows_without_adapter_bit_identical"]
-        passed[rank] = check["adapter_rows_max_rel_error"] < 2e-2
+        assert check["has_active_lora"] == {
+            "mixed_batch": True,
+            "no_adapter_batch": False,
+        }
+        assert check["lora_adapter"]["ok"]
+        assert check["lora_adapter"]["fused_kernel_launches"] == 1
+        assert check["lora_no_adapter"] == {
+            "bit_identical_to_no_lora": True,
+            "fused_kernel_launches": 0,
+        }
+        assert check["unfused_reference"]["rows_without_adapter_bit_identical"]
+        passed[rank] = check["pass"]
 
     assert passed == {16: True, 64: fresh_kernel}
+
+
+def test_benchmark_checks_triton_backend():
+    bench = _benchmark()
+    for rank, plain, lora_indexer, gen in _benchmark_setup(bench, "triton", bench.RANKS):
+        check = bench._check(plain, lora_indexer, torch.device("cpu"), gen)
+        assert check["pass"], check
+
+
+class _StateTimer:
+    """Stands in for the benchmark's CUDA-event Timer: each "time" it reports is
+    the state the call ran in: latency = fused-kernel launches during the call,
+    throughput = 1 + the batch's has_active_lora."""
+
+    def __init__(self, layer):
+        self.layer = layer
+
+    def _call(self, fn):
+        launches = len(FUSED_DELTA_CALLS)
+        fn()
+        return len(FUSED_DELTA_CALLS) - launches
+
+    def host_ms(self, fn):
+        fn()
+        return 0.0
+
+    def latency(self, fn, n):
+        return [float(self._call(fn)) for _ in range(n)]
+
+    def throughput(self, fn, lead_ms):
+        self._call(fn)
+        return 1.0 + self.layer.lora_backend.batch_info.has_active_lora, False
+
+
+@pytest.mark.parametrize("backend", ["csgmv", "triton"])
+def test_benchmark_times_each_variant_in_its_batch_state(backend):
+    """The benchmark's interleaved rounds prepare each variant's batch (what the
+    LoRA manager sets, has_active_lora included) before timing it: the adapter
+    gate launches the fused kernel, the batch without adapters and the unfused
+    reference do not; the split-op core runs the same gates."""
+    bench = _benchmark()
+    (rank, plain, lora_indexer, gen), = _benchmark_setup(bench, backend, [16])
+    tokens, device = 32, torch.device("cpu")
+    x = torch.randn(tokens, bench.HIDDEN, generator=gen).bfloat16()
+    q_scale = torch.rand(tokens, bench.N_HEADS, 1, generator=gen) + 0.5
+    core = bench.SplitOpCore(tokens, device, gen)
+    variants = bench._variants(
+        plain, lora_indexer, [16, 16], rank, x, q_scale, core, device
+    )
+
+    measured = bench._measure(
+        _StateTimer(lora_indexer.weights_proj), variants, rounds=2, per_round=1, warmup=1
+    )
+
+    state = {key: (m["latency_ms"], m["throughput_ms"]) for key, m in measured.items()}
+    for part in bench.PARTS:
+        assert state[(part, "lora_adapter")] == (1.0, 2.0)
+        assert state[(part, "lora_no_adapter")] == (0.0, 1.0)
+        assert state[(part, "unfused_reference")] == (0.0, 2.0)
+        assert state[(part, "no_lora")][0] == 0.0
+
+
+def test_benchmark_goal_is_the_adapter_split_op_cores_gpu_bound_overhead():
+    """meets_goal reads split_op_core throughput of lora_adapter only; the
+    latency-based verdict and the gate alone are reported beside it."""
+    bench = _benchmark()
+
+    def part(throughput, latency):
+        others = dict.fromkeys(("lora_no_adapter", "unfused_reference"), 0.0)
+        return {
+            "throughput_overhead_pct": {**others, "lora_adapter": throughput},
+            "latency_overhead_pct": {**others, "lora_adapter": latency},
+            "throughput_host_bound_rounds": {"no_lora": 1},
+        }
+
+    results = [
+        {"gate": part(50.0, 80.0), "split_op_core": part(4.0, 12.0)},
+        {"gate": part(1.0, 1.0), "split_op_core": part(-1.0, 1.0)},
+    ]
+    verdict = bench.summary(results, [{"pass": True}])
+    assert verdict["meets_goal"] and not verdict["meets_goal_on_latency"]
+    assert verdict["worst_split_op_core_latency_overhead_pct_lora_adapter"] == 12.0
+    assert verdict["worst_gate_throughput_overhead_pct"]["lora_adapter"] == 50.0
+    assert verdict["throughput_host_bound_rounds"] == 4
+    assert verdict["checks_pass"]
+
+    results[1]["split_op_core"] = part(6.0, 1.0)
+    assert not bench.summary(results, [{"pass": False}])["meets_goal"]
+    assert not bench.summary(results, [{"pass": False}])["checks_pass"]
 
 
 def test_upstream_head_gate_drops_the_lora_delta():
@@ -572,10 +728,19 @@ def test_upstream_head_gate_drops_the_lora_delta():
     assert not torch.allclose(gate[ADAPTER_ROWS], reference[ADAPTER_ROWS], rtol=0.1)
 
 
-@pytest.mark.parametrize("case", ["no_lora", "no_batch_info", "fusion"])
+@pytest.mark.parametrize(
+    "case", ["no_lora", "no_batch_info", "fusion", "no_adapter_in_batch"]
+)
 def test_head_gate_without_an_active_adapter_is_upstream(case):
     if case == "no_lora":
         indexer = _indexer(_weights_proj())
+    elif case == "no_adapter_in_batch":
+        # A LoRA server's base-model traffic: the layer is active (csgmv runs
+        # its kernels for such batches) but no request has an adapter.
+        requests = [(n, 0) for n, _ in REQUESTS]
+        layer = _lora_weights_proj(_weights_proj(), backend="csgmv", requests=requests)
+        assert layer.lora_active
+        indexer = _indexer(layer)
     else:
         indexer = _indexer(_lora_weights_proj(_weights_proj()), fusion=case == "fusion")
         if case == "no_batch_info":
@@ -586,8 +751,21 @@ def test_head_gate_without_an_active_adapter_is_upstream(case):
 
     gate = indexer._get_logits_head_gate(x, q_scale)
 
-    torch.testing.assert_close(gate, _gate(_bare_logits(x), q_scale))
+    no_lora = _indexer(_weights_proj())._get_logits_head_gate(x, q_scale)
+    assert torch.equal(gate, no_lora)
     assert indexer.fp32_gemm_calls == 1
+    assert not FUSED_DELTA_CALLS
+
+
+def test_head_gate_under_capture_never_skips_the_adapter(monkeypatch):
+    """A gate captured into a graph must not bake in 'no adapter' from the batch
+    it was captured with."""
+    requests = [(n, 0) for n, _ in REQUESTS]
+    indexer = _indexer(_lora_weights_proj(_weights_proj(), requests=requests))
+    assert not ours.batch_has_adapter(indexer.weights_proj)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert ours.batch_has_adapter(indexer.weights_proj)
 
 
 def test_head_gate_off_cuda_is_the_lora_module(monkeypatch):

@@ -1,0 +1,163 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One-launch LoRA delta for the DSA indexer head gate.
+
+The indexer's head gate is ``x @ weights_projᵀ`` in float32 (64 columns, one per
+index head). With a LoRA adapter on ``weights_proj`` the delta
+``s · (x Aᵀ) Bᵀ`` would take sglang's shrink and expand kernels: two launches,
+an intermediate tensor and their Python wrappers, for a 64-column output.
+``add_lora_head_gate_delta_`` does shrink, expand, adapter scaling and the add
+into the float32 base in one Triton launch. The base GEMM stays outside (cuBLAS,
+as upstream), so rows without an adapter are never touched and stay bit-identical
+to a server without LoRA.
+
+It works per request, from sglang's LoRA batch info (``LoRABatchInfo``) of
+either dense backend: the Triton backend's segments are the requests; csgmv's are
+chunks of 16-128 tokens in adapter order, so its per-request view
+(``req_seg_indptr``, ``req_weight_indices``) is used instead: each program then
+reads its adapter's A once for up to 64 rows rather than once per chunk. Like
+sglang's kernels, the shrink output is rounded to the activation dtype before the
+expand.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _lora_head_gate_delta_kernel(
+    x_ptr,
+    a_ptr,
+    b_ptr,
+    out_ptr,
+    seg_indptr_ptr,
+    weight_indices_ptr,
+    lora_ranks_ptr,
+    scalings_ptr,
+    K,
+    N,
+    stride_x,
+    stride_a_lora,
+    stride_a_rank,
+    stride_b_lora,
+    stride_b_out,
+    stride_out,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    segment = tl.program_id(1)
+    lora = tl.load(weight_indices_ptr + segment)
+    rank = tl.load(lora_ranks_ptr + lora)
+    start = tl.load(seg_indptr_ptr + segment)
+    length = tl.load(seg_indptr_ptr + segment + 1) - start
+    first = tl.program_id(0) * BLOCK_M
+    if rank == 0 or first >= length:
+        return
+
+    offs_m = first + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < length
+    rows = (start + offs_m).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_r = tl.arange(0, BLOCK_R)
+    rank_ok = offs_r < rank
+
+    # Shrink: (x Aᵀ) for this segment's rows, float32 accumulation.
+    x_ptrs = x_ptr + rows[:, None] * stride_x + offs_k[None, :]
+    a_ptrs = (
+        a_ptr
+        + lora.to(tl.int64) * stride_a_lora
+        + offs_r[None, :] * stride_a_rank
+        + offs_k[:, None]
+    )
+    shrink = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = offs_k < K - k0
+        x_tile = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        a_tile = tl.load(a_ptrs, mask=k_ok[:, None] & rank_ok[None, :], other=0.0)
+        shrink = tl.dot(x_tile, a_tile, shrink)
+        x_ptrs += BLOCK_K
+        a_ptrs += BLOCK_K
+
+    # Expand, scale, add into the float32 base gate.
+    offs_n = tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    b_ptrs = (
+        b_ptr
+        + lora.to(tl.int64) * stride_b_lora
+        + offs_n[None, :] * stride_b_out
+        + offs_r[:, None]
+    )
+    b_tile = tl.load(b_ptrs, mask=rank_ok[:, None] & n_ok[None, :], other=0.0)
+    delta = tl.dot(shrink.to(b_tile.dtype), b_tile)
+    scaling = tl.load(scalings_ptr + lora)
+    out_ptrs = out_ptr + rows[:, None] * stride_out + offs_n[None, :]
+    out_mask = row_ok[:, None] & n_ok[None, :]
+    base = tl.load(out_ptrs, mask=out_mask, other=0.0)
+    tl.store(out_ptrs, base + scaling * delta, mask=out_mask)
+
+
+def request_segments(batch_info):
+    """(seg_indptr, weight_indices, count, max rows) of the batch's requests."""
+    if batch_info.req_seg_indptr is not None:  # csgmv
+        return batch_info.req_seg_indptr, batch_info.req_weight_indices, batch_info.bs, None
+    assert batch_info.permutation is None, "segments must be whole requests"
+    count = batch_info.num_segments or batch_info.bs
+    return batch_info.seg_indptr, batch_info.weight_indices, count, batch_info.max_len
+
+
+def add_lora_head_gate_delta_(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    batch_info,
+) -> torch.Tensor:
+    """``out[rows] += scaling · (x[rows] Aᵀ) Bᵀ`` per request, in place.
+
+    out: float32 (tokens, N) base gate; x: (tokens, K) activations;
+    lora_a: (loras, max_rank, K); lora_b: (loras, N, max_rank) (sglang's LoRA
+    memory-pool buffers for the layer); batch_info: sglang's LoRABatchInfo of
+    the csgmv or triton backend. Requests whose adapter has rank 0 (none) and
+    rows past the requests (graph padding) are not touched.
+    """
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    assert out.dtype == torch.float32 and out.stride(-1) == 1, "float32 base gate"
+    assert lora_a.stride(-1) == 1 and lora_b.stride(-1) == 1
+    tokens, k = x.shape
+    n = out.shape[1]
+    assert out.shape[0] == tokens and lora_a.shape[-1] == k and lora_b.shape[1] == n
+    seg_indptr, weight_indices, count, max_rows = request_segments(batch_info)
+    if tokens == 0 or count == 0:
+        return out
+    # Row tiles of 16-64: about 128 programs from 2048 tokens on, fewer
+    # re-reads of A (max_rank x K) for long prompts.
+    block_m = min(64, max(16, triton.next_power_of_2(tokens // 128)))
+    grid = (triton.cdiv(min(max_rows or tokens, tokens), block_m), count)
+    _lora_head_gate_delta_kernel[grid](
+        x,
+        lora_a,
+        lora_b,
+        out,
+        seg_indptr,
+        weight_indices,
+        batch_info.lora_ranks,
+        batch_info.scalings,
+        k,
+        n,
+        x.stride(0),
+        lora_a.stride(0),
+        lora_a.stride(1),
+        lora_b.stride(0),
+        lora_b.stride(1),
+        out.stride(0),
+        BLOCK_M=block_m,
+        BLOCK_K=128,
+        BLOCK_R=max(16, triton.next_power_of_2(lora_a.shape[1])),
+        BLOCK_N=max(16, triton.next_power_of_2(n)),
+    )
+    return out

@@ -1,0 +1,40 @@
+"""sgl-kernel's fused LoRA head-gate delta on the H200, bf16, at DeepSeek-V3.2's
+indexer shapes (hidden 7168, 64 index heads; pool max rank 16 and 64), on the
+batch info sglang's csgmv and triton LoRA backends prepare (eager and
+prefill-graph buffers): against the fp32 reference and against sglang's own
+shrink + expand kernels on the same batch info. The CPU version of these cases
+runs in Triton's interpreter (test/unit/sgl_kernel)."""
+
+import pytest
+import torch
+from engine_utils import write_result
+from lora_head_gate_cases import case, run
+
+from sglang.kernels.ops.lora.dense import chunked_sgmv_shrink
+
+# 4501 tokens, two requests without an adapter.
+REQUESTS = [(1500, 1), (300, 0), (2000, 2), (1, 1), (700, 0)]
+CASES = dict(
+    case(backend, graph, max_rank, requests=REQUESTS, rows=4608)
+    for backend in ("triton", "csgmv")
+    for graph in (False, True)
+    for max_rank in (16, 64)
+)
+RESULTS = {}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_fused_delta_matches_reference_and_sglang(name):
+    # sglang caches the csgmv shrink by (K, slices, chunk), not by max rank: a
+    # second pool rank in one process would reuse the first's kernel.
+    chunked_sgmv_shrink._chunked_lora_shrink_kernel._clear_cache()
+    r = run(**CASES[name], k=7168, n=64, device="cuda", dtype=torch.bfloat16, unfused=True)
+    RESULTS[name] = r
+    write_result("lora_head_gate_kernel", RESULTS)
+    assert r["adapter_rows"] == 3501
+    # Both round x·Aᵀ to bf16 after fp32 sums in different orders: a flipped
+    # rounding moves the delta by ~2^-8 of one rank term.
+    assert r["adapter_rows_max_rel_error"] < 1e-2, r
+    assert r["vs_sglang_unfused_adapter_rows_max_rel_error"] < 1e-2, r
+    assert r["other_rows_bit_identical"], r
+    assert r["swapped_adapters_max_rel_error"] > 0.1, r

@@ -1,0 +1,37 @@
+"""Runs test/lora_head_gate_cases.py's cases in Triton's CPU interpreter and
+prints one JSON line per case. A script, not a test: TRITON_INTERPRET must be set
+before triton is first imported (test_lora_head_gate.py runs it in a subprocess).
+
+The interpreter's bf16 tl.dot is wrong on CPU (Triton 3.8), so activations and
+LoRA buffers are fp16 here; bf16 at DeepSeek-V3.2 shapes runs on the GPU
+(test/gpu/test_lora_head_gate_kernel.py)."""
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import json  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path[:0] = [str(ROOT / "sgl-kernel" / "python"), str(ROOT / "test")]
+
+
+def _unpinned(factory):
+    def unpinned(*args, pin_memory=False, **kwargs):
+        return factory(*args, **kwargs)  # pinning needs a CUDA driver
+
+    return unpinned
+
+
+for _name in ("tensor", "zeros", "empty", "arange"):
+    setattr(torch, _name, _unpinned(getattr(torch, _name)))
+
+from lora_head_gate_cases import CASES, run  # noqa: E402
+
+if __name__ == "__main__":
+    for name in sys.argv[1:] or CASES:
+        print(json.dumps({"case": name, **run(**CASES[name])}), flush=True)

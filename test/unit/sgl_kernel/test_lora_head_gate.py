@@ -1,0 +1,56 @@
+"""sgl-kernel's fused LoRA head-gate delta (shrink, expand, scaling, add into the
+fp32 base) in Triton's CPU interpreter, on batch info from sglang's own csgmv and
+Triton LoRA backends (eager and prefill-graph buffers, two adapters of different ranks, requests without one, graph padding rows),
+against the fp32 reference x Wᵀ + s·(x Aᵀ) Bᵀ."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).with_name("interpret_lora_head_gate.py")
+
+
+@pytest.fixture(scope="module")
+def results():
+    # TRITON_INTERPRET must be set before triton is imported: a fresh process.
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return {r["case"]: r for r in map(json.loads, run.stdout.splitlines())}
+
+
+def test_every_case_ran(results):
+    assert len(results) == 8
+    assert {n.split("-")[0] for n in results} == {"triton", "csgmv"}
+    # Per request on both backends (csgmv's own segments are 16-token chunks).
+    assert {r["requests"] for r in results.values()} == {5}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        f"{backend}-{mode}-rank{rank}"
+        for backend in ("triton", "csgmv")
+        for mode in ("eager", "graph")
+        for rank in (16, 64)
+    ],
+)
+def test_delta_matches_the_fp32_reference(results, case):
+    r = results[case]
+    assert r["adapter_rows"] == 58
+    # fp16 inputs, x Aᵀ rounded to fp16 in both: only summation order differs.
+    assert r["adapter_rows_max_rel_error"] < 1e-3
+    # Rows without an adapter (and graph padding) are never written.
+    assert r["other_rows_bit_identical"]
+    # The same output against swapped adapters: the comparison can fail.
+    assert r["swapped_adapters_max_rel_error"] > 0.1
