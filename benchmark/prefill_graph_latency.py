@@ -15,8 +15,23 @@ Models:
 
     python3 benchmark/prefill_graph_latency.py [--models tiny,qwen3-next] [--quick]
     python3 benchmark/prefill_graph_latency.py --plot   # PNG from the committed JSON (CPU)
+    python3 benchmark/prefill_graph_latency.py --models tiny --profile
 
 Writes $OUT/prefill_graph_latency.json, else benchmark/results/prefill_graph_latency.json.
+
+--profile: where the time of one prefill forward goes, full vs breakable. One
+engine per backend runs each PROFILE_SHAPES workload PROFILE_SKIP + PROFILE_COUNT
+times in a row; the timer plugin's profiling mode (GRAPHFIX_BENCH_PROFILE, see
+benchmark/timer/graphfix_bench_timer.py) skips the first PROFILE_SKIP forwards of
+each (batch size, tokens) and runs torch.profiler (CPU + CUDA) around each of the
+next PROFILE_COUNT. Per model, backend and shape: the timer's wall ms (profiled,
+and unprofiled from the skipped forwards' second half), GPU device ms (sum and
+busy union), GPU-idle fraction, the inclusive host ms of record_function markers
+around sglang's replay steps (load_batch, attention metadata / FlashInfer plan,
+linear-attention table fill, graph replay, logits; nested), the top CPU ops by
+self time and the top kernels. Writes $OUT/prefill_graph_profile.json, else
+benchmark/results/prefill_graph_profile.json: {"device", "workload", "models":
+{model: {backend: {"LxB": summary}}}}, and prints one line per shape.
 """
 
 import argparse
@@ -43,6 +58,10 @@ PREFILL = {
     "full": {"backend": "full", "bs": BUCKETS, "full_prefill_max_req": 8},
 }
 LAYERS = 8  # of Qwen3-Next's 48: 6 GDN + 2 attention (time budget on one H200)
+PROFILE = "prefill_graph_profile.json"
+PROFILE_SHAPES = ((64, 1), (256, 8))  # (prompt tokens, batch size)
+PROFILE_SKIP, PROFILE_COUNT = 10, 10  # forwards per shape: skipped, then profiled
+PROFILE_BACKENDS = ("full", "breakable")
 
 
 def qwen3_next_dims(path: Path) -> str:
@@ -76,6 +95,21 @@ def qwen3_next_dims(path: Path) -> str:
     return str(path)
 
 
+def _engine_kwargs(model: dict, prefill: dict) -> dict:
+    return {
+        **model["kwargs"],
+        "attention_backend": "flashinfer",
+        # The GDN kernels the full graph captures, for every backend.
+        "linear_attn_prefill_backend": "triton",
+        "chunked_prefill_size": BUCKETS[-1],
+        "context_length": 4096,
+        "cuda_graph_max_bs_decode": 8,
+        "max_running_requests": 8,
+        "disable_radix_cache": True,
+        "cuda_graph_config": {"prefill": prefill},
+    }
+
+
 def measure(model: dict, prefill: dict, warmup: int, repeats: int) -> dict:
     from engine_utils import run_engine
     from graphfix_bench_timer import read_forwards
@@ -91,20 +125,7 @@ def measure(model: dict, prefill: dict, warmup: int, repeats: int) -> dict:
             }
             batches += [batch] * (warmup + repeats)
     results = run_engine(
-        {
-            **model["kwargs"],
-            "attention_backend": "flashinfer",
-            # The GDN kernels the full graph captures, for every backend.
-            "linear_attn_prefill_backend": "triton",
-            "chunked_prefill_size": BUCKETS[-1],
-            "context_length": 4096,
-            "cuda_graph_max_bs_decode": 8,
-            "max_running_requests": 8,
-            "disable_radix_cache": True,
-            "cuda_graph_config": {"prefill": prefill},
-        },
-        batches,
-        env={"GRAPHFIX_BENCH_TIMER": timer},
+        _engine_kwargs(model, prefill), batches, env={"GRAPHFIX_BENCH_TIMER": timer}
     )
     forwards = read_forwards(timer)
     report, i = {}, 0
@@ -138,7 +159,23 @@ def run(models: list, quick: bool) -> None:
         "workload": f"B prompts x L tokens, max_new_tokens=1, radix cache off; median of {repeats} after {warmup} warmups",
         "models": {},
     }
-    specs = {
+    specs = _specs()
+    for name in models:
+        spec = specs[name]()
+        entry = report["models"][name] = {
+            "description": spec["description"],
+            "prefill_backend": {},
+        }
+        for backend, cfg in PREFILL.items():  # written after each backend
+            entry["prefill_backend"][backend] = measure(spec, cfg, warmup, repeats)
+            (out / RESULT).write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+
+
+def _specs() -> dict:
+    """Model name -> a function that writes the checkpoint and returns
+    {"description", "kwargs"} (engine kwargs of the model)."""
+    return {
         "tiny": lambda: {
             "description": "tiny random Qwen3-Next (test/tiny_configs.py): 3 GDN + 1 attention layer",
             "kwargs": {
@@ -161,16 +198,92 @@ def run(models: list, quick: bool) -> None:
             },
         },
     }
+
+
+def profile_backend(model: dict, prefill: dict) -> dict:
+    """One engine: each PROFILE_SHAPES workload PROFILE_SKIP + PROFILE_COUNT times
+    in a row, the last PROFILE_COUNT forwards of each profiled in the scheduler.
+    Returns {"LxB": the plugin's summary}."""
+    from engine_utils import run_engine
+    from graphfix_bench_timer import read_profiles
+    from models import prompts
+
+    work = Path(tempfile.mkdtemp(prefix="graphfix-profile"))
+    batches = []
+    for length, bs in PROFILE_SHAPES:
+        batch = {
+            "input_ids": prompts(length * 10 + bs, [length] * bs),
+            "max_new_tokens": 1,
+        }
+        batches += [batch] * (PROFILE_SKIP + PROFILE_COUNT)
+    run_engine(
+        _engine_kwargs(model, prefill),
+        batches,
+        env={
+            "GRAPHFIX_BENCH_TIMER": work / "forwards.txt",
+            "GRAPHFIX_BENCH_PROFILE": work / "profile",
+            "GRAPHFIX_BENCH_PROFILE_SKIP": PROFILE_SKIP,
+            "GRAPHFIX_BENCH_PROFILE_COUNT": PROFILE_COUNT,
+        },
+    )
+    profiled = read_profiles(work / "profile")
+    windows = {(w["batch_size"], w["tokens"]): w for w in profiled["windows"]}
+    report = {}
+    for length, bs in PROFILE_SHAPES:
+        window = windows.get((bs, bs * length)) or {
+            "error": f"no profiled forward of batch size {bs} x {bs * length} tokens "
+            f"(profiled: {sorted(windows)}; requests split across forwards?)"
+        }
+        report[f"{length}x{bs}"] = {
+            **window,
+            "markers_missing": profiled["markers_missing"],
+            "profiler_errors": profiled["errors"],
+        }
+    return report
+
+
+def profile(models: list) -> None:
+    import torch
+
+    out = Path(os.environ.get("OUT") or ROOT / "benchmark" / "results")
+    out.mkdir(parents=True, exist_ok=True)
+    report = {
+        "device": torch.cuda.get_device_name(),
+        "workload": (
+            f"L tokens x B prompts (LxB), max_new_tokens=1, radix cache off; each shape "
+            f"{PROFILE_SKIP + PROFILE_COUNT} times in a row, the last {PROFILE_COUNT} "
+            "forwards profiled (torch.profiler CPU + CUDA, one session per forward); "
+            "per-forward averages; markers_ms are inclusive host time and nest"
+        ),
+        "models": {},
+    }
+    specs = _specs()
     for name in models:
         spec = specs[name]()
-        entry = report["models"][name] = {
-            "description": spec["description"],
-            "prefill_backend": {},
-        }
-        for backend, cfg in PREFILL.items():  # written after each backend
-            entry["prefill_backend"][backend] = measure(spec, cfg, warmup, repeats)
-            (out / RESULT).write_text(json.dumps(report, indent=2) + "\n")
+        entry = report["models"][name] = {}
+        for backend in PROFILE_BACKENDS:  # written after each backend
+            entry[backend] = profile_backend(spec, PREFILL[backend])
+            (out / PROFILE).write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
+    for name, entry in report["models"].items():
+        for backend, shapes in entry.items():
+            for shape, w in shapes.items():
+                print(_profile_line(name, backend, shape, w))
+
+
+def _profile_line(name: str, backend: str, shape: str, w: dict) -> str:
+    if "error" in w:
+        return f"{name} {backend} {shape}: {w['error']} {w['profiler_errors']}"
+    markers = ", ".join(
+        f"{label} {m['ms']}" for label, m in list(w["markers_ms"].items())[:6]
+    )
+    return (
+        f"{name} {backend} {shape}: wall {w['wall_ms']} ms (unprofiled "
+        f"{w['wall_ms_unprofiled']}), GPU busy {w['device_busy_ms']} ms, idle "
+        f"{w['gpu_idle_fraction_unprofiled']} of unprofiled wall, host ops "
+        f"{w['host_ops_ms']} ms, graph {w['graph_forwards']}/{w['forwards_profiled']}; "
+        f"markers ms: {markers}"
+    )
 
 
 def _tiny() -> str:
@@ -217,9 +330,16 @@ def main() -> None:
     parser.add_argument(
         "--plot", action="store_true", help="only draw the committed JSON"
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile full vs breakable prefill forwards (torch.profiler) instead",
+    )
     args = parser.parse_args()
     if args.plot:
         plot()
+    elif args.profile:
+        profile(args.models.split(","))
     else:
         run(args.models.split(","), args.quick)
 
