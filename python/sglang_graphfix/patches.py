@@ -16,7 +16,7 @@ from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 from sglang_graphfix.srt.arg_groups import cuda_graph_hook
 from sglang_graphfix.srt.layers.attention import hybrid_linear_attn_backend
 from sglang_graphfix.srt.layers.attention.dsa import dsa_indexer
-from sglang_graphfix.srt.layers.attention.linear import gdn_backend
+from sglang_graphfix.srt.layers.attention.linear import gdn_backend, kda_backend
 from sglang_graphfix.srt.model_executor.runner import prefill_cuda_graph_runner
 
 logger = logging.getLogger(__name__)
@@ -41,6 +41,7 @@ PATCHES = (
     Patch(_ATTN + "hybrid_linear_attn_backend.HybridLinearAttnBackend.init_forward_metadata_out_graph", hybrid_linear_attn_backend.linear_extend_tables_for_full_prefill_graph, HookType.AROUND),
     Patch(_ATTN + "linear.gdn_backend.GDNAttnBackend.forward_extend", gdn_backend.gdn_extend_on_full_graph_tables, HookType.AROUND),
     Patch(_ATTN + "linear.gdn_backend.flashinfer_gdn_prefill_default", gdn_backend.keep_triton_gdn_prefill_for_full_graph, HookType.AROUND),
+    Patch(_ATTN + "linear.kda_backend.KDAAttnBackend.forward_extend", kda_backend.kda_graph_extend_applies_beta_sigmoid, HookType.AROUND),
     Patch(_ATTN + "hybrid_linear_attn_backend.HybridLinearAttnBackend.__init__", hybrid_linear_attn_backend.expose_full_attn_chunked_prefix_capture, HookType.AROUND),
     Patch(_ATTN + "hybrid_linear_attn_backend.MambaAttnBackendBase.init_cuda_graph_state", hybrid_linear_attn_backend.init_linear_graph_state_once, HookType.AROUND),
     Patch(_ATTN + "hybrid_linear_attn_backend.MambaAttnBackendBase._replay_metadata", hybrid_linear_attn_backend.replay_metadata_requires_graph_state, HookType.AROUND),

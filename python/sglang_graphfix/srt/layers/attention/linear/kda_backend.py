@@ -67,3 +67,24 @@ def require_capturable_kda_extend(backend) -> None:
             f"Full prefill CUDA graph cannot capture this KDA extend: {problem}, "
             f"{_USE_INSTEAD}."
         )
+
+
+# What:    Wraps KDAAttnBackend.forward_extend: on prefill-graph tables, hands
+#          the KDA gate to kda_extend_in_graph flattened to (1, T, H*K).
+# Why:     kda_extend_in_graph passes beta_is_raw=True (sigmoid of beta inside
+#          the kernel) only for a flat gate; Kimi-Linear's arrives as
+#          (1, T, H, K), so graph prefills ran the delta rule on raw beta while
+#          eager always applies the sigmoid: outputs differ from the first token.
+# How:     Flatten a 4-D gate (a view); the graph extend unflattens it again.
+# Upstream: sglang/srt/layers/attention/linear/kda_prefill_graph.py::kda_extend_in_graph
+# Removal: once upstream passes beta_is_raw=True there, as the eager path does.
+def kda_graph_extend_applies_beta_sigmoid(
+    original, self, layer, forward_batch, mixed_qkv, a, b, **kwargs
+):
+    if (
+        self.prefill_graph_metadata is not None
+        and a.ndim == 4
+        and not forward_batch.forward_mode.is_target_verify()
+    ):
+        a = a.flatten(-2)
+    return original(self, layer, forward_batch, mixed_qkv, a, b, **kwargs)

@@ -24,12 +24,14 @@ from sglang.kernels.ops.mamba.kda_prefill_track import (
     TRACK_NONE,
 )
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase
+from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
 from sglang.srt.layers.attention.linear.kda_prefill_graph import (
     KDAPrefillGraphMetadata,
 )
 from sglang_graphfix.srt.layers.attention.linear import kda_backend as ours
 
 UPSTREAM = "sglang.srt.layers.attention.linear.kda_backend."
+GRAPH = "sglang.srt.layers.attention.linear.kda_prefill_graph."
 
 
 @pytest.fixture(autouse=True)
@@ -136,10 +138,50 @@ def test_forward_extend_runs_on_the_tables(monkeypatch):
     x = torch.zeros(BUCKET, 8)
     out = kda.forward_extend(
         layer=SimpleNamespace(layer_id=0), forward_batch=capture_view(),
-        mixed_qkv=x, a=None, b=None,
+        mixed_qkv=x, a=torch.zeros(BUCKET, 8), b=None,
     )  # fmt: skip
     assert out == "in-graph" and calls[0]["meta"] is meta
     assert calls[0]["conv_pool"] is cache.conv[0]
+
+
+HEADS, HEAD_DIM = 2, 4
+
+
+def _graph_extend_beta_is_raw(monkeypatch, forward_extend):
+    """Runs upstream's kda_extend_in_graph behind ``forward_extend`` with the
+    gate Kimi-Linear passes, (1, T, H, K); records what reaches the KDA kernel."""
+    kda = make_kda()
+    _layer_cache(kda)
+    _captured(kda)
+    for launch in ("kda_track_conv_window", "kda_track_ssm_state"):
+        monkeypatch.setattr(f"{GRAPH}{launch}", lambda **kw: None)
+    monkeypatch.setattr(f"{GRAPH}causal_conv1d_fn", lambda x, *args, **kw: x)
+    calls = []
+    kda.kernel_dispatcher.extend = lambda **kw: calls.append(kw) or kw["v"].clone()
+    dim = HEADS * HEAD_DIM
+    layer = SimpleNamespace(
+        layer_id=0, conv_weights=None, bias=None, A_log=None, dt_bias=None,
+        lower_bound=None, q_dim=dim, k_dim=dim, v_dim=dim,
+        head_q_dim=HEAD_DIM, head_k_dim=HEAD_DIM, head_v_dim=HEAD_DIM,
+    )  # fmt: skip
+    forward_extend(
+        kda, layer=layer, forward_batch=capture_view(),
+        mixed_qkv=torch.zeros(BUCKET, 3 * dim),
+        a=torch.zeros(1, BUCKET, HEADS, HEAD_DIM), b=torch.zeros(1, BUCKET, HEADS),
+    )  # fmt: skip
+    (call,) = calls
+    assert call["g"].shape == (1, BUCKET, HEADS, HEAD_DIM)
+    return call["beta_is_raw"]
+
+
+def test_graph_extend_applies_the_beta_sigmoid_like_eager(monkeypatch):
+    """Eager KDA extend always passes beta_is_raw=True (the kernel applies the
+    sigmoid). Upstream's graph extend does so only for a flat gate, so Kimi-Linear
+    ran its graph prefills on raw beta: on the H200 every prompt's first token
+    differed from eager, and matched it bit for bit with this hook."""
+    upstream = KDAAttnBackend.forward_extend.__wrapped__
+    assert _graph_extend_beta_is_raw(monkeypatch, upstream) is False
+    assert _graph_extend_beta_is_raw(monkeypatch, KDAAttnBackend.forward_extend)
 
 
 def test_an_eager_forward_never_runs_on_the_tables(monkeypatch):
