@@ -95,6 +95,10 @@ def correctness() -> list:
     kernel_bad = _load("gpu/gdn_extend_kernel_wrong_state.json")["max_abs_diff"]
     gdn = _load("gpu/hybrid_gdn_full_prefill_vs_eager.json")
     gdn_bad = _load("gpu/hybrid_gdn_full_prefill_wrong_state.json")["batches"]
+    kimi = _load("gpu/kimi_linear_full_prefill_vs_eager.json")
+    kimi_bad = _load("gpu/kimi_linear_full_prefill_wrong_state.json")["batches"]
+    kimi_before = _load("gpu/kimi_linear_full_prefill_vs_eager_before_beta_fix.json")
+    gate_kernel = _load("gpu/lora_head_gate_kernel.json")
     llama = _load("gpu/llama_full_prefill_vs_eager.json")
     dsa = _load("gpu/dsa_lora_graph_vs_eager.json")
     mixed = _load("gpu/dsa_lora_mixed_batch.json")
@@ -115,6 +119,16 @@ def correctness() -> list:
     gdn_first = gdn.get("first_token_topk") or gdn["first_token_top20"]  # older runs
     gdn_top = max(f["max_logprob_diff"] for f in gdn_first)
     lengths = ", ".join("/".join(map(str, b)) for b in gdn["prompt_lengths"])
+    kimi_diff, kimi_bad_n, kimi_steps = _steps(kimi["batches"])
+    kimi_top = max(f["max_logprob_diff"] for f in kimi["first_token_topk"])
+    kimi_lengths = ", ".join("/".join(map(str, b)) for b in kimi["prompt_lengths"])
+    kimi_before_bad = sum(_diverged(b) for b in kimi_before["batches"])
+    gate_err = max(r["adapter_rows_max_rel_error"] for r in gate_kernel.values())
+    gate_vs = max(
+        r["vs_sglang_unfused_adapter_rows_max_rel_error"] for r in gate_kernel.values()
+    )
+    gate_swapped = min(r["swapped_adapters_max_rel_error"] for r in gate_kernel.values())
+    gate_exact = all(r["other_rows_bit_identical"] for r in gate_kernel.values())
     llama_diff, llama_bad, llama_steps = _steps(llama["batches"])
     control = llama["control_rotated_prompts"]
     return [
@@ -124,6 +138,8 @@ def correctness() -> list:
         "| --- | --- | --- |",
         f"| GDN extend kernels, one captured bucket replayed for {len(kernel)} batches (output, conv and SSM state, prefix-cache tracking) | max abs diff {worst_kernel} | wrong state slot: output diff {kernel_bad['output']:.3g}, SSM state diff {kernel_bad['ssm_state']:.3g} |",
         f"| GDN hybrid engine (tiny Qwen3-Next), full prefill graph, prompts {lengths} (chunked at 256, radix hits), {sum(gdn['graph_replays'])} replays | {gdn_bad_n} mismatches over {gdn_steps} steps, max logprob diff {gdn_diff:.2g}; first token's top-20 logprobs max diff {gdn_top:.2g} | replays on the padding state slot: {sum(_diverged(b) for b in gdn_bad)} of {len(gdn_bad)} batches diverge |",
+        f"| KDA hybrid engine (tiny Kimi-Linear, MLA on fa3), full prefill graph, prompts {kimi_lengths} (two chunks at 256, a radix hit), {sum(kimi['graph_replays'])} replays | {kimi_bad_n} mismatches over {kimi_steps} steps, max logprob diff {kimi_diff:.2g}; first token's top-20 logprobs max diff {kimi_top:.2g} (before `kda_graph_extend_applies_beta_sigmoid`: {kimi_before_bad} of {len(kimi_before['batches'])} batches diverged) | replays on the padding state slot: {sum(_diverged(b) for b in kimi_bad)} of {len(kimi_bad)} batches diverge |",
+        f"| Fused LoRA head-gate delta (sgl-kernel), bf16, hidden 7168, 64 heads, csgmv and triton batch info, eager and graph, pool rank 16 and 64 ({len(gate_kernel)} cases) | adapter rows vs fp32 reference max rel error {gate_err:.2g}, vs sglang's shrink+expand {gate_vs:.2g}; other rows bit-identical: {gate_exact} | adapters swapped: rel error {gate_swapped:.2g} or more |",
         f"| Llama, full prefill graph (flashinfer), {llama['prefill_batches_on_graph']} prefill batches on the graph | {llama_bad} mismatches over {llama_steps} steps, max logprob diff {llama_diff:.2g} | outputs of other prompts: {len(control['tokens']['mismatches'])} mismatches |",
         f"| DSA weights_proj LoRA, breakable prefill graph, adapters of rank 8 (weights_proj) and 16 (+ q_b_proj, o_proj); head gate in the split op: {dsa_start['capture_head_gate_calls']} calls at capture, {dsa_path['graph_adapter_batch_head_gate_calls']} per adapter batch, {dsa_path['eager_engine_head_gate_calls']} eager | {len(dsa['mismatches'])} mismatches over {dsa['compared_steps']} steps, max logprob diff {dsa['max_logprob_diff']:.2g} | without the adapter: {len(dsa_effect['mismatches'])} mismatches |",
         f"| DSA mixed batch (adapter, none, other adapter in one forward) vs each request alone | {len(mixed['mixed_vs_alone']['mismatches'])} mismatches over {mixed['mixed_vs_alone']['compared_steps']} steps, max logprob diff {mixed['mixed_vs_alone']['max_logprob_diff']:.2g} | adapters swapped: {len(mixed['control_swapped_adapters']['mismatches'])} mismatches |",
