@@ -206,17 +206,12 @@ def unfused_reference_gate(indexer, x, q_scale):
     then, on CUDA): upstream's fp32 base GEMM, sglang's LoRA backend adding the
     delta into it (forward_with_base: its shrink and expand kernels), then the
     gate's scaling."""
-    layer = indexer.weights_proj
-    base = indexer._weights_proj_bf16_in_fp32_out(x)
-    logits = layer.lora_backend.forward_with_base(
-        layer,
-        x,
-        lambda: base,
-        layer.lora_a,
-        layer.lora_b,
-        layer._output_offset,
-        layer.lora_offsets,
+    from sglang_graphfix.srt.layers.attention.dsa.dsa_indexer import (
+        add_delta_with_lora_backend,
     )
+
+    base = indexer._weights_proj_bf16_in_fp32_out(x)
+    logits = add_delta_with_lora_backend(indexer.weights_proj, x, base)
     return indexer._scale_head_gates(logits, q_scale)
 
 

@@ -6,6 +6,7 @@ interpreter, test/unit/sgl_kernel/interpret_lora_head_gate.py) and the GPU test
 (test/gpu/test_lora_head_gate_kernel.py)."""
 
 from types import SimpleNamespace
+from unittest import mock
 
 import torch
 
@@ -25,12 +26,18 @@ def _backend(name, chunk, device):
     if name == "triton":
         return TritonLoRABackend(MAX_LORAS, device)
     # ChunkedSgmvLoRABackend.__init__ reads the published --max-lora-chunk-size.
-    chunked_backend.get_lora = lambda: SimpleNamespace(max_lora_chunk_size=chunk)
-    return ChunkedSgmvLoRABackend(MAX_LORAS, device, None)
+    lora_args = SimpleNamespace(max_lora_chunk_size=chunk)
+    with mock.patch.object(chunked_backend, "get_lora", lambda: lora_args):
+        return ChunkedSgmvLoRABackend(MAX_LORAS, device, None)
 
 
-def prepare(backend_name, graph, requests, adapters, chunk, rows, device):
-    """The backend with its batch info prepared as the LoRA manager does."""
+def prepare(
+    backend_name, graph, requests, adapters, chunk=16, rows=None, device="cpu"
+):
+    """The backend with its batch info prepared as the LoRA manager does: the
+    prefill-graph buffers (sized for ``rows`` tokens) or an eager batch info,
+    then the host-side has_active_lora flag."""
+    device = torch.device(device)
     backend = _backend(backend_name, chunk, device)
     if graph:
         backend.init_prefill_cuda_graph_batch_info(rows, max_num_requests=8)

@@ -88,8 +88,13 @@ def lora_head_gate_logits(indexer, x: torch.Tensor) -> torch.Tensor:
         return add_lora_head_gate_delta_(
             base, x, layer.lora_a, layer.lora_b, backend.get_batch_info()
         )
-    # The call ReplicatedLinearWithLoRA.forward makes, with the fp32 GEMM as base.
-    return backend.forward_with_base(
+    return add_delta_with_lora_backend(layer, x, base)
+
+
+def add_delta_with_lora_backend(layer, x: torch.Tensor, base: torch.Tensor):
+    """The call ReplicatedLinearWithLoRA.forward makes, with ``base`` as the base
+    output: the LoRA backend's own shrink and expand add the delta into it."""
+    return layer.lora_backend.forward_with_base(
         layer,
         x,
         lambda: base,

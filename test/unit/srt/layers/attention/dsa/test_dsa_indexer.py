@@ -37,7 +37,6 @@ from sglang.srt.layers.attention.dsa.dsa_prefill_cuda_graph import (
 )
 from sglang.srt.layers.linear import ReplicatedLinear
 from sglang.srt.lora.backend import chunked_backend, triton_backend
-from sglang.srt.lora.backend.chunked_backend import ChunkedSgmvLoRABackend
 from sglang.srt.lora.backend.triton_backend import TritonLoRABackend
 from sglang.srt.lora.layers import ReplicatedLinearWithLoRA
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -52,6 +51,7 @@ from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph impo
 from sglang.srt.utils.common import CachedKernel
 from sglang_graphfix.srt.layers.attention.dsa import dsa_indexer as ours
 from sglang_graphfix_kernel.lora_head_gate import request_segments
+from lora_head_gate_cases import prepare as prepare_lora_batch
 
 ROOT = Path(__file__).resolve().parents[6]
 
@@ -347,39 +347,14 @@ def _lora_weights_proj(
     base, *, prefill_graph=True, backend="triton", max_rank=MAX_RANK, requests=REQUESTS
 ) -> ReplicatedLinearWithLoRA:
     """weights_proj wrapped by sglang's LoRA layer on the Triton or csgmv backend,
-    its batch info prepared for ``requests`` the way the LoRA manager does before
-    a forward: the static prefill-graph info (breakable replay) or the eager one,
-    then the host-side has_active_lora flag."""
-    if backend == "triton":
-        backend = TritonLoRABackend(MAX_LORAS, torch.device("cpu"))
-    else:
-        backend = ChunkedSgmvLoRABackend(MAX_LORAS, torch.device("cpu"), None)
+    its batch info prepared for ``requests`` as the LoRA manager does before a
+    forward (lora_head_gate_cases.prepare): the static prefill-graph info
+    (breakable replay) or the eager one, then the host-side has_active_lora."""
+    backend = prepare_lora_batch(
+        backend, prefill_graph, requests, _adapters(max_rank), rows=ROWS
+    )
     layer = ReplicatedLinearWithLoRA(base, backend)
     layer.set_lora_info(*_lora_buffers(max_rank))
-    lens = [n for n, _ in requests]
-    ranks, scalings = [0] * MAX_LORAS, [0.0] * MAX_LORAS
-    for slot, (rank, scaling) in _adapters(max_rank).items():
-        ranks[slot], scalings[slot] = rank, scaling
-    if prefill_graph:
-        backend.init_prefill_cuda_graph_batch_info(ROWS, max_num_requests=4)
-    backend.prepare_lora_batch(
-        SimpleNamespace(
-            forward_mode=ForwardMode.EXTEND,
-            batch_size=len(requests),
-            extend_seq_lens_cpu=lens,
-            extend_seq_lens=torch.tensor(lens, dtype=torch.int32),
-            extend_num_tokens=sum(lens),
-            spec_info=None,
-            return_logprob=False,
-        ),
-        [slot for _, slot in requests],
-        ranks,
-        scalings,
-        use_cuda_graph=False,
-        use_prefill_cuda_graph=prefill_graph,
-    )
-    # LoRAManager.prepare_lora_batch sets this after the backend's call.
-    backend.batch_info.has_active_lora = any(ranks[slot] > 0 for _, slot in requests)
     assert layer.lora_active
     return layer
 
@@ -546,16 +521,8 @@ def test_csgmv_second_max_rank_in_one_process_runs_the_first_ranks_shrink():
     q_scale = _q_scale()
 
     def backend_gate(indexer):  # the unfused path: sglang's shrink and expand
-        layer = indexer.weights_proj
-        logits = layer.lora_backend.forward_with_base(
-            layer,
-            x,
-            lambda: indexer._weights_proj_bf16_in_fp32_out(x),
-            layer.lora_a,
-            layer.lora_b,
-            layer._output_offset,
-            layer.lora_offsets,
-        )
+        base = indexer._weights_proj_bf16_in_fp32_out(x)
+        logits = ours.add_delta_with_lora_backend(indexer.weights_proj, x, base)
         return indexer._scale_head_gates(logits, q_scale)
 
     rank16 = _indexer(_lora_weights_proj(_weights_proj(), backend="csgmv", max_rank=16))
