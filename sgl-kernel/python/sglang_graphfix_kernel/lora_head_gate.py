@@ -137,6 +137,10 @@ def add_lora_head_gate_delta_(
     # Row tiles of 16-64: about 128 programs from 2048 tokens on, fewer
     # re-reads of A (max_rank x K) for long prompts.
     block_m = min(64, max(16, triton.next_power_of_2(tokens // 128)))
+    block_r = max(16, triton.next_power_of_2(lora_a.shape[1]))
+    # Deep K tiles keep ~32 KB of x and A in flight per pipeline stage: short
+    # prompts run few programs, each latency-bound on its walk along K.
+    block_k = min(512, 1 << (32768 // (block_m + block_r)).bit_length() - 1)
     grid = (triton.cdiv(min(max_rows or tokens, tokens), block_m), count)
     _lora_head_gate_delta_kernel[grid](
         x,
@@ -156,8 +160,9 @@ def add_lora_head_gate_delta_(
         lora_b.stride(1),
         out.stride(0),
         BLOCK_M=block_m,
-        BLOCK_K=128,
-        BLOCK_R=max(16, triton.next_power_of_2(lora_a.shape[1])),
+        BLOCK_K=block_k,
+        BLOCK_R=block_r,
         BLOCK_N=max(16, triton.next_power_of_2(n)),
+        num_stages=3,
     )
     return out
