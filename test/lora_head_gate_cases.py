@@ -79,6 +79,7 @@ def run(
     device="cpu",
     dtype=torch.half,
     unfused=False,
+    kernel_kwargs=None,
 ):
     """requests: [(tokens, slot)]; adapters: {slot: (rank, scaling)}; rows: the
     padded token count (a graph bucket). unfused: also compare with sglang's own
@@ -112,7 +113,7 @@ def run(
             start += t
         return ref, torch.tensor(with_adapter, dtype=torch.long, device=device)
 
-    out = add_lora_head_gate_delta_(base.clone(), x, a, b, info)
+    out = add_lora_head_gate_delta_(base.clone(), x, a, b, info, **(kernel_kwargs or {}))
     ref, adapter_rows = reference(lambda slot: slot)
     others = torch.ones(rows, dtype=torch.bool, device=device)
     others[adapter_rows] = False

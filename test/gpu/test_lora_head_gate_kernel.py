@@ -23,13 +23,17 @@ CASES = dict(
 RESULTS = {}
 
 
+@pytest.mark.parametrize("split", ["auto", 1, 4])
 @pytest.mark.parametrize("name", list(CASES))
-def test_fused_delta_matches_reference_and_sglang(name):
+def test_fused_delta_matches_reference_and_sglang(name, split):
     # sglang caches the csgmv shrink by (K, slices, chunk), not by max rank: a
     # second pool rank in one process would reuse the first's kernel.
     chunked_sgmv_shrink._chunked_lora_shrink_kernel._clear_cache()
-    r = run(**CASES[name], k=7168, n=64, device="cuda", dtype=torch.bfloat16, unfused=True)
-    RESULTS[name] = r
+    r = run(
+        **CASES[name], k=7168, n=64, device="cuda", dtype=torch.bfloat16,
+        unfused=True, kernel_kwargs={} if split == "auto" else {"split_k": split},
+    )  # fmt: skip
+    RESULTS[f"{name}-split{split}"] = r
     write_result("lora_head_gate_kernel", RESULTS)
     assert r["adapter_rows"] == 3501
     # Both round x·Aᵀ to bf16 after fp32 sums in different orders: a flipped

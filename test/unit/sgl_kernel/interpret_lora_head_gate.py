@@ -33,5 +33,9 @@ for _name in ("tensor", "zeros", "empty", "arange"):
 from lora_head_gate_cases import CASES, run  # noqa: E402
 
 if __name__ == "__main__":
+    # K=1100: several K tiles and a tail. These short batches take the split-K
+    # path by default; split_k=1 is the one-launch path longer prompts take.
     for name in sys.argv[1:] or CASES:
-        print(json.dumps({"case": name, **run(**CASES[name])}), flush=True)
+        for split, kwargs in (("auto", {}), ("1", {"split_k": 1})):
+            result = run(**CASES[name], k=1100, kernel_kwargs=kwargs)
+            print(json.dumps({"case": f"{name}-split{split}", **result}), flush=True)

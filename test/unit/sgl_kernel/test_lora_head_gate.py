@@ -30,7 +30,7 @@ def results():
 
 
 def test_every_case_ran(results):
-    assert len(results) == 8
+    assert len(results) == 16
     assert {n.split("-")[0] for n in results} == {"triton", "csgmv"}
     # Per request on both backends (csgmv's own segments are 16-token chunks).
     assert {r["requests"] for r in results.values()} == {5}
@@ -39,10 +39,11 @@ def test_every_case_ran(results):
 @pytest.mark.parametrize(
     "case",
     [
-        f"{backend}-{mode}-rank{rank}"
+        f"{backend}-{mode}-rank{rank}-split{split}"
         for backend in ("triton", "csgmv")
         for mode in ("eager", "graph")
         for rank in (16, 64)
+        for split in ("auto", "1")
     ],
 )
 def test_delta_matches_the_fp32_reference(results, case):
