@@ -177,8 +177,8 @@ def _graph_extend_beta_is_raw(monkeypatch, forward_extend):
 def test_graph_extend_applies_the_beta_sigmoid_like_eager(monkeypatch):
     """Eager KDA extend always passes beta_is_raw=True (the kernel applies the
     sigmoid). Upstream's graph extend does so only for a flat gate, so Kimi-Linear
-    ran its graph prefills on raw beta: on the H200 every prompt's first token
-    differed from eager, and matched it bit for bit with this hook."""
+    ran its graph prefills on raw beta: on the H200 every prompt's first-token
+    logprobs differed from eager; with this hook they match bit for bit."""
     upstream = KDAAttnBackend.forward_extend.__wrapped__
     assert _graph_extend_beta_is_raw(monkeypatch, upstream) is False
     assert _graph_extend_beta_is_raw(monkeypatch, KDAAttnBackend.forward_extend)
