@@ -77,14 +77,17 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = "dsa_head_gate.json"
 # The working tree's package and its Triton kernels (sgl-kernel/python).
-sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel" / "python")]
+sys.path[:0] = [
+    str(ROOT / "python"),
+    str(ROOT / "sgl-kernel" / "python"),
+    str(ROOT / "test"),  # lora_head_gate_cases: sglang's LoRA batch preparation
+]
 
 HIDDEN, N_HEADS, HEAD_DIM, Q_LORA_RANK = 7168, 64, 128, 1536
 RANKS = (16, 64)
@@ -115,19 +118,11 @@ def _indexer(weights_proj):
 
 
 def _backend(name: str, device):
-    from sglang.srt.lora.backend.base_backend import BaseLoRABackend
-    from sglang.srt.lora.backend.chunked_backend import ChunkedSgmvLoRABackend
-    from sglang.srt.lora.backend.triton_backend import TritonLoRABackend
+    from lora_head_gate_cases import lora_backend
 
-    if name == "triton":
-        return TritonLoRABackend(MAX_LORAS, device)
-    _fresh_csgmv_shrink_kernel()
-    # ChunkedSgmvLoRABackend.__init__ reads max_lora_chunk_size from the
-    # published server config; its default (16), without publishing one.
-    backend = ChunkedSgmvLoRABackend.__new__(ChunkedSgmvLoRABackend)
-    BaseLoRABackend.__init__(backend, MAX_LORAS, device)
-    backend.max_chunk_size = 16
-    return backend
+    if name == "csgmv":
+        _fresh_csgmv_shrink_kernel()
+    return lora_backend(name, device, slots=MAX_LORAS)
 
 
 def _fresh_csgmv_shrink_kernel():
@@ -171,34 +166,15 @@ def _requests(tokens: int):
     return [tokens // n] * n
 
 
-def _prepare(layer, lens, slots, rank: int, device):
-    """The LoRA manager's per-batch step (LoRAManager.prepare_lora_batch): the
-    backend's prepare_lora_batch into the static prefill-graph batch info (what a
-    breakable replay reads), then the host-side flags the manager sets after it.
+def _prepare(layer, lens, slots, rank: int):
+    """The LoRA manager's per-batch step into the static prefill-graph batch info
+    (what a breakable replay reads): lora_head_gate_cases.prepare_batch.
     has_active_lora decides whether the gate applies an adapter at all."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from lora_head_gate_cases import prepare_batch
 
-    backend = layer.lora_backend
-    lora_ranks, scalings = [0, rank], [0.0, SCALING]
-    backend.prepare_lora_batch(
-        SimpleNamespace(
-            forward_mode=ForwardMode.EXTEND,
-            batch_size=len(lens),
-            extend_seq_lens_cpu=list(lens),
-            extend_seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
-            extend_num_tokens=sum(lens),
-            spec_info=None,
-            return_logprob=False,
-        ),
-        list(slots),
-        lora_ranks,
-        scalings,
-        use_cuda_graph=False,
-        use_prefill_cuda_graph=True,
+    prepare_batch(
+        layer.lora_backend, list(zip(lens, slots)), {1: (rank, SCALING)}, graph=True
     )
-    batch_info = backend.batch_info
-    batch_info.has_active_lora = any(lora_ranks[slot] > 0 for slot in slots)
-    batch_info.is_prefill = True
 
 
 def unfused_reference_gate(indexer, x, q_scale):
@@ -426,12 +402,12 @@ def _check(plain, lora_indexer, device, gen) -> dict:
     q_scale = torch.rand(sum(lens), N_HEADS, 1, generator=gen, device=device) + 0.5
     no_lora = plain._get_logits_head_gate(x, q_scale)
 
-    _prepare(layer, lens, [0] * len(lens), rank, device)
+    _prepare(layer, lens, [0] * len(lens), rank)
     no_adapter_flag = layer.lora_backend.get_batch_info().has_active_lora
     with _counting_fused_kernel() as no_adapter_launches:
         no_adapter = lora_indexer._get_logits_head_gate(x, q_scale)
 
-    _prepare(layer, lens, slots, rank, device)
+    _prepare(layer, lens, slots, rank)
     mixed_flag = layer.lora_backend.get_batch_info().has_active_lora
     with _counting_fused_kernel() as launches:
         fused = lora_indexer._get_logits_head_gate(x, q_scale)
@@ -483,11 +459,11 @@ def _check(plain, lora_indexer, device, gen) -> dict:
     return result
 
 
-def _variants(plain, lora_indexer, lens, rank, x, q_scale, core, device) -> dict:
+def _variants(plain, lora_indexer, lens, rank, x, q_scale, core) -> dict:
     """(part, variant) -> (prepare, fn): each variant's batch state and call."""
     layer = lora_indexer.weights_proj
-    with_adapter = partial(_prepare, layer, lens, [1] * len(lens), rank, device)
-    without = partial(_prepare, layer, lens, [0] * len(lens), rank, device)
+    with_adapter = partial(_prepare, layer, lens, [1] * len(lens), rank)
+    without = partial(_prepare, layer, lens, [0] * len(lens), rank)
     gates = {
         "no_lora": (None, plain._get_logits_head_gate),
         "lora_adapter": (with_adapter, lora_indexer._get_logits_head_gate),
@@ -571,7 +547,7 @@ def run(
                 core = SplitOpCore(tokens, device, gen)
                 measured = _measure(
                     timer,
-                    _variants(plain, lora_indexer, lens, rank, x, q_scale, core, device),
+                    _variants(plain, lora_indexer, lens, rank, x, q_scale, core),
                     rounds,
                     per_round,
                     warmup,

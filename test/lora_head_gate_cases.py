@@ -22,27 +22,24 @@ from sglang_graphfix_kernel.lora_head_gate import (
 MAX_LORAS = 3  # slot 0 holds no adapter (rank 0), as sglang's pool does
 
 
-def _backend(name, chunk, device):
+def lora_backend(name, device, chunk=16, slots=MAX_LORAS):
+    """sglang's csgmv or triton LoRA backend with ``slots`` pool slots."""
     if name == "triton":
-        return TritonLoRABackend(MAX_LORAS, device)
+        return TritonLoRABackend(slots, device)
     # ChunkedSgmvLoRABackend.__init__ reads the published --max-lora-chunk-size.
     lora_args = SimpleNamespace(max_lora_chunk_size=chunk)
     with mock.patch.object(chunked_backend, "get_lora", lambda: lora_args):
-        return ChunkedSgmvLoRABackend(MAX_LORAS, device, None)
+        return ChunkedSgmvLoRABackend(slots, device, None)
 
 
-def prepare(
-    backend_name, graph, requests, adapters, chunk=16, rows=None, device="cpu"
-):
-    """The backend with its batch info prepared as the LoRA manager does: the
-    prefill-graph buffers (sized for ``rows`` tokens) or an eager batch info,
-    then the host-side has_active_lora flag."""
-    device = torch.device(device)
-    backend = _backend(backend_name, chunk, device)
-    if graph:
-        backend.init_prefill_cuda_graph_batch_info(rows, max_num_requests=8)
+def prepare_batch(backend, requests, adapters, *, graph):
+    """LoRAManager.prepare_lora_batch's steps for an EXTEND batch: the backend's
+    prepare_lora_batch (into its prefill-graph buffers when ``graph``), then the
+    host-side flags the manager sets after it. requests: [(tokens, slot)];
+    adapters: {slot: (rank, scaling)}."""
     lens = [n for n, _ in requests]
-    ranks, scalings = [0] * MAX_LORAS, [0.0] * MAX_LORAS
+    ranks = [0] * backend.max_loras_per_batch
+    scalings = [0.0] * backend.max_loras_per_batch
     for slot, (rank, scaling) in adapters.items():
         ranks[slot], scalings[slot] = rank, scaling
     backend.prepare_lora_batch(
@@ -50,7 +47,9 @@ def prepare(
             forward_mode=ForwardMode.EXTEND,
             batch_size=len(requests),
             extend_seq_lens_cpu=lens,
-            extend_seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
+            extend_seq_lens=torch.tensor(
+                lens, dtype=torch.int32, device=backend.device
+            ),
             extend_num_tokens=sum(lens),
             spec_info=None,
             return_logprob=False,
@@ -62,6 +61,18 @@ def prepare(
         use_prefill_cuda_graph=graph,
     )
     backend.batch_info.has_active_lora = any(ranks[s] > 0 for _, s in requests)
+    backend.batch_info.is_prefill = True
+
+
+def prepare(
+    backend_name, graph, requests, adapters, chunk=16, rows=None, device="cpu"
+):
+    """A new backend with its batch info prepared as the LoRA manager does: the
+    prefill-graph buffers (sized for ``rows`` tokens) or an eager batch info."""
+    backend = lora_backend(backend_name, torch.device(device), chunk)
+    if graph:
+        backend.init_prefill_cuda_graph_batch_info(rows, max_num_requests=8)
+    prepare_batch(backend, requests, adapters, graph=graph)
     return backend
 
 

@@ -637,9 +637,7 @@ def test_benchmark_times_each_variant_in_its_batch_state(backend):
     x = torch.randn(tokens, bench.HIDDEN, generator=gen).bfloat16()
     q_scale = torch.rand(tokens, bench.N_HEADS, 1, generator=gen) + 0.5
     core = bench.SplitOpCore(tokens, device, gen)
-    variants = bench._variants(
-        plain, lora_indexer, [16, 16], rank, x, q_scale, core, device
-    )
+    variants = bench._variants(plain, lora_indexer, [16, 16], rank, x, q_scale, core)
 
     measured = bench._measure(
         _StateTimer(lora_indexer.weights_proj), variants, rounds=2, per_round=1, warmup=1
