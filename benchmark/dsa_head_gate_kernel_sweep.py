@@ -2,8 +2,12 @@
 at DeepSeek-V3.2 indexer shapes: hidden 7168, 64 index heads, pool max rank 16 and
 64, 512 / 2048 / 8192 tokens (one request per 2048 tokens, every request with the
 adapter), sglang's triton and csgmv batch info. For each shape: the base gate GEMM
-(torch.mm to fp32, what the gate costs without LoRA) and the delta under the
-default heuristic and each (block_k, split_k) override. GPU-bound time: 50 calls
+(torch.mm to fp32, what the gate costs without LoRA); the delta added to it under
+the default heuristic and each (block_k, split_k) override, split-K reduced by a
+second launch or in the same launch (one_launch); and the whole gate (base +
+delta) in one launch that reads x once (lora_head_gate), per (block_m, block_k,
+split_k). Each variant's max error against the fp32 reference relative to its
+max. GPU-bound time: 50 calls
 queued back to back between one pair of CUDA events, median of 7 rounds.
 
     python3 benchmark/dsa_head_gate_kernel_sweep.py
@@ -23,12 +27,28 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "sgl-kernel" / "python"), str(ROOT / "test")]
 
 from lora_head_gate_cases import prepare  # noqa: E402
-from sglang_graphfix_kernel.lora_head_gate import add_lora_head_gate_delta_  # noqa: E402
+from sglang_graphfix_kernel.lora_head_gate import (  # noqa: E402
+    add_lora_head_gate_delta_,
+    lora_head_gate,
+)
 
 HIDDEN, HEADS, CALLS, ROUNDS = 7168, 64, 50, 7
 CONFIGS = [None] + [
     {"block_k": bk, "split_k": sk} for bk in (128, 256, 512) for sk in (1, 2, 4, 8)
+] + [
+    {"block_k": bk, "split_k": sk, "one_launch": True}
+    for bk in (128, 256) for sk in (2, 4, 8, 16)
 ]
+FULL_CONFIGS = [None] + [
+    {"block_m": bm, "block_k": bk, "split_k": sk}
+    for bm in (16, 32, 64) for bk in (64, 128) for sk in (1, 2, 4, 8, 16)
+]
+
+
+def _name(config) -> str:
+    if config is None:
+        return "default"
+    return "_".join(f"{k[:2] if k != 'one_launch' else '1l'}{int(v)}" for k, v in config.items())
 
 
 def _gpu_ms(fn) -> float:
@@ -62,6 +82,12 @@ def main() -> None:
                 info = info.get_batch_info()
                 x = torch.randn(tokens, HIDDEN, device=dev, generator=gen).bfloat16()
                 base = torch.mm(x, weight.t(), out_dtype=torch.float32)
+                ref = base.clone()
+                for start in range(0, tokens, 2048):
+                    rows_ = slice(start, min(tokens, start + 2048))
+                    xa = (x[rows_].float() @ a[1].float().t()).bfloat16().float()
+                    ref[rows_] += 2.0 * xa @ b[1].float().t()
+                scale = ref.abs().max()
                 row = {
                     "backend": backend,
                     "rank": rank,
@@ -70,25 +96,38 @@ def main() -> None:
                         _gpu_ms(lambda: torch.mm(x, weight.t(), out_dtype=torch.float32)), 5
                     ),
                     "delta_ms": {},
+                    "full_gate_ms": {},
                 }
-                reference = add_lora_head_gate_delta_(base.clone(), x, a, b, info)
                 for config in CONFIGS:
                     kwargs = config or {}
-                    name = "default" if config is None else f"bk{kwargs['block_k']}_sk{kwargs['split_k']}"
                     try:
                         out = add_lora_head_gate_delta_(base.clone(), x, a, b, info, **kwargs)
-                        err = float((out - reference).abs().max() / reference.abs().max())
+                        err = float((out - ref).abs().max() / scale)
                         ms = _gpu_ms(
                             lambda: add_lora_head_gate_delta_(base, x, a, b, info, **kwargs)
                         )
-                        row["delta_ms"][name] = {"ms": round(ms, 5), "rel_diff_vs_default": err}
+                        row["delta_ms"][_name(config)] = {"ms": round(ms, 5), "rel_err": err}
                     except Exception as exc:  # e.g. shared memory over the limit
-                        row["delta_ms"][name] = {"error": repr(exc)[:200]}
-                best = min(
-                    (v["ms"], k) for k, v in row["delta_ms"].items() if "ms" in v
-                )
-                row["best"] = best[1]
-                print(json.dumps(row), flush=True)
+                        row["delta_ms"][_name(config)] = {"error": repr(exc)[:200]}
+                for config in FULL_CONFIGS:
+                    kwargs = config or {}
+                    try:
+                        out = lora_head_gate(x, weight, a, b, info, **kwargs)
+                        err = float((out - ref).abs().max() / scale)
+                        ms = _gpu_ms(lambda: lora_head_gate(x, weight, a, b, info, **kwargs))
+                        row["full_gate_ms"][_name(config)] = {"ms": round(ms, 5), "rel_err": err}
+                    except Exception as exc:
+                        row["full_gate_ms"][_name(config)] = {"error": repr(exc)[:200]}
+                for key in ("delta_ms", "full_gate_ms"):
+                    ok = [(v["ms"], k) for k, v in row[key].items() if "ms" in v and v["rel_err"] < 2e-2]
+                    row["best_" + key] = min(ok) if ok else None
+                base_ms = row["base_gemm_ms"]
+                if row["best_delta_ms"] and row["best_full_gate_ms"]:
+                    row["overhead_pct"] = {
+                        "base_plus_delta": round(100 * row["best_delta_ms"][0] / base_ms, 1),
+                        "full_gate": round(100 * (row["best_full_gate_ms"][0] / base_ms - 1), 1),
+                    }
+                print(json.dumps({k: v for k, v in row.items() if not k.endswith("_ms") or k == "base_gemm_ms"}), flush=True)
                 rows.append(row)
     out = Path(os.environ.get("OUT") or ROOT / "benchmark" / "results")
     out.mkdir(parents=True, exist_ok=True)

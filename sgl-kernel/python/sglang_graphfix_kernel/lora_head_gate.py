@@ -174,6 +174,165 @@ def _lora_head_gate_expand_split_kernel(
         )  # fmt: skip
 
 
+@triton.jit
+def _store_partial(acc, part_ptr, rows, row_ok, split, stride_part, WIDTH: tl.constexpr):
+    offs = tl.arange(0, WIDTH)
+    ptrs = part_ptr + split * stride_part + rows[:, None] * WIDTH + offs[None, :]
+    tl.store(ptrs, acc, mask=row_ok[:, None])
+
+
+@triton.jit
+def _sum_partials(
+    part_ptr, rows, row_ok, stride_part, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+    WIDTH: tl.constexpr,
+):  # fmt: skip
+    """The split-K partials of rows, summed in split order (deterministic)."""
+    offs = tl.arange(0, WIDTH)
+    ptrs = part_ptr + rows[:, None] * WIDTH + offs[None, :]
+    total = tl.zeros((BLOCK_M, WIDTH), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        total += tl.load(
+            ptrs + s * stride_part, mask=row_ok[:, None], other=0.0,
+            cache_modifier=".cg",
+        )  # fmt: skip
+    return total
+
+
+@triton.jit
+def _is_last_split(counter_ptr, SPLIT_K: tl.constexpr):
+    """Split-K in one launch: after storing its partial, each split of a row
+    block counts itself; the last one (which may be any) sums all partials in
+    split order, then resets the count for the next call."""
+    tl.debug_barrier()  # every thread's partial stored before the count
+    done = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    return done == SPLIT_K - 1
+
+
+@triton.jit
+def _lora_head_gate_delta_split1_kernel(
+    x_ptr, a_ptr, b_ptr, out_ptr, part_ptr, counter_ptr, seg_indptr_ptr,
+    weight_indices_ptr, lora_ranks_ptr, scalings_ptr, K, N, K_SPLIT, stride_x,
+    stride_a_lora, stride_a_rank, stride_b_lora, stride_b_out, stride_out,
+    stride_part,
+    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Split-K delta in one launch (_is_last_split)."""
+    block, split = tl.program_id(0) // SPLIT_K, tl.program_id(0) % SPLIT_K
+    rows, row_ok, lora, rank, active = _segment_rows(
+        seg_indptr_ptr, weight_indices_ptr, lora_ranks_ptr, block, BLOCK_M
+    )
+    if active:
+        k_begin = split * K_SPLIT
+        shrink = _shrink(
+            x_ptr, a_ptr, rows, row_ok, lora, rank, k_begin,
+            tl.minimum(K, k_begin + K_SPLIT), stride_x, stride_a_lora,
+            stride_a_rank, BLOCK_M, BLOCK_K, BLOCK_R,
+        )  # fmt: skip
+        tile = tl.program_id(1) * (tl.num_programs(0) // SPLIT_K) + block
+        _store_partial(shrink, part_ptr, rows, row_ok, split, stride_part, BLOCK_R)
+        if _is_last_split(counter_ptr + tile, SPLIT_K):
+            shrink = _sum_partials(
+                part_ptr, rows, row_ok, stride_part, SPLIT_K, BLOCK_M, BLOCK_R
+            )
+            tl.atomic_xchg(counter_ptr + tile, 0)
+            _expand_add(
+                shrink, b_ptr, out_ptr, scalings_ptr, rows, row_ok, lora, rank,
+                N, stride_b_lora, stride_b_out, stride_out, BLOCK_R, BLOCK_N,
+            )  # fmt: skip
+
+
+@triton.jit
+def _lora_head_gate_kernel(
+    x_ptr, w_ptr, a_ptr, b_ptr, out_ptr, part_ptr, part_r_ptr, counter_ptr,
+    seg_indptr_ptr, weight_indices_ptr, lora_ranks_ptr, scalings_ptr, count,
+    T, K, N, K_SPLIT, stride_x, stride_w, stride_a_lora, stride_a_rank,
+    stride_b_lora, stride_b_out, stride_out, stride_part, stride_part_r,
+    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """The whole gate x Wᵀ + s·(x Aᵀ) Bᵀ, fp32, reading x once: base and shrink
+    share every x tile. Segment ``count`` is the graph padding past the
+    requests (base only)."""
+    block, split = tl.program_id(0) // SPLIT_K, tl.program_id(0) % SPLIT_K
+    segment = tl.program_id(1)
+    is_req = segment < count
+    lora = tl.load(weight_indices_ptr + tl.minimum(segment, count - 1))
+    rank = tl.where(is_req, tl.load(lora_ranks_ptr + lora), 0)
+    start = tl.load(seg_indptr_ptr + segment)
+    end = tl.where(is_req, tl.load(seg_indptr_ptr + segment + 1, mask=is_req), T)
+    offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < end - start
+    rows = (start + offs_m).to(tl.int64)
+    if block * BLOCK_M < end - start:
+        k_begin = split * K_SPLIT
+        k_end = tl.minimum(K, k_begin + K_SPLIT)
+        offs_k = k_begin + tl.arange(0, BLOCK_K)
+        offs_r = tl.arange(0, BLOCK_R)
+        offs_n = tl.arange(0, BLOCK_N)
+        x_ptrs = x_ptr + rows[:, None] * stride_x + offs_k[None, :]
+        w_ptrs = w_ptr + offs_n[None, :] * stride_w + offs_k[:, None]
+        a_ptrs = (
+            a_ptr
+            + lora.to(tl.int64) * stride_a_lora
+            + offs_r[None, :] * stride_a_rank
+            + offs_k[:, None]
+        )
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_r = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+        for k0 in range(k_begin, k_end, BLOCK_K):
+            k_ok = offs_k < k_end - (k0 - k_begin)
+            x_tile = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            w_tile = tl.load(w_ptrs, mask=k_ok[:, None] & (offs_n < N)[None, :], other=0.0)
+            a_tile = tl.load(
+                a_ptrs, mask=k_ok[:, None] & (offs_r < rank)[None, :], other=0.0
+            )
+            acc = tl.dot(x_tile, w_tile, acc)
+            acc_r = tl.dot(x_tile, a_tile, acc_r)
+            x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+            a_ptrs += BLOCK_K
+        is_last = True
+        if SPLIT_K > 1:
+            tile = segment * (tl.num_programs(0) // SPLIT_K) + block
+            _store_partial(acc, part_ptr, rows, row_ok, split, stride_part, BLOCK_N)
+            _store_partial(acc_r, part_r_ptr, rows, row_ok, split, stride_part_r, BLOCK_R)
+            is_last = _is_last_split(counter_ptr + tile, SPLIT_K)
+            if is_last:
+                acc = _sum_partials(
+                    part_ptr, rows, row_ok, stride_part, SPLIT_K, BLOCK_M, BLOCK_N
+                )
+                acc_r = _sum_partials(
+                    part_r_ptr, rows, row_ok, stride_part_r, SPLIT_K, BLOCK_M, BLOCK_R
+                )
+                tl.atomic_xchg(counter_ptr + tile, 0)
+        if is_last:
+            out_ptrs = out_ptr + rows[:, None] * stride_out + offs_n[None, :]
+            out_mask = row_ok[:, None] & (offs_n < N)[None, :]
+            tl.store(out_ptrs, acc, mask=out_mask)
+            if rank > 0:
+                _expand_add(
+                    acc_r, b_ptr, out_ptr, scalings_ptr, rows, row_ok, lora,
+                    rank, N, stride_b_lora, stride_b_out, stride_out, BLOCK_R,
+                    BLOCK_N,
+                )  # fmt: skip
+
+
+_COUNTERS: dict = {}
+
+
+def _counters(n: int, device: torch.device) -> torch.Tensor:
+    """Zeroed split-K counters, kept per device and stream (each launch resets
+    the ones it used)."""
+    key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = _COUNTERS[key] = torch.zeros(
+            max(n, 1024), dtype=torch.int32, device=device
+        )
+    return buf
+
+
 def request_segments(batch_info):
     """(seg_indptr, weight_indices, count, max rows) of the batch's requests."""
     if batch_info.req_seg_indptr is not None:  # csgmv
@@ -192,6 +351,7 @@ def add_lora_head_gate_delta_(
     *,
     block_k: int | None = None,
     split_k: int | None = None,
+    one_launch: bool = False,
 ) -> torch.Tensor:
     """``out[rows] += scaling · (x[rows] Aᵀ) Bᵀ`` per request, in place.
 
@@ -236,6 +396,16 @@ def add_lora_head_gate_delta_(
         return out
     k_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     part = torch.empty((split_k, tokens, block_r), dtype=torch.float32, device=x.device)
+    if one_launch:
+        _lora_head_gate_delta_split1_kernel[(blocks * split_k, count)](
+            x, lora_a, lora_b, out, part, _counters(blocks * count, x.device),
+            *common, batch_info.scalings, k, n, k_split, x.stride(0),
+            lora_a.stride(0), lora_a.stride(1), lora_b.stride(0),
+            lora_b.stride(1), out.stride(0), part.stride(0), SPLIT_K=split_k,
+            BLOCK_M=block_m, BLOCK_K=block_k, BLOCK_R=block_r, BLOCK_N=block_n,
+            num_stages=3,
+        )  # fmt: skip
+        return out
     _lora_head_gate_shrink_split_kernel[(blocks * split_k, count)](
         x, lora_a, part, *common, k, k_split, x.stride(0), lora_a.stride(0),
         lora_a.stride(1), part.stride(0), SPLIT_K=split_k, BLOCK_M=block_m,
@@ -245,5 +415,53 @@ def add_lora_head_gate_delta_(
         part, lora_b, out, *common, batch_info.scalings, n, part.stride(0),
         lora_b.stride(0), lora_b.stride(1), out.stride(0), SPLIT_K=split_k,
         BLOCK_M=block_m, BLOCK_R=block_r, BLOCK_N=block_n,
+    )  # fmt: skip
+    return out
+
+
+def lora_head_gate(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    batch_info,
+    *,
+    block_m: int | None = None,
+    block_k: int | None = None,
+    split_k: int | None = None,
+    num_stages: int = 3,
+) -> torch.Tensor:
+    """The whole head gate ``x Wᵀ + s·(x Aᵀ) Bᵀ`` (fp32, tokens x N) in one
+    launch that reads x once. Rows of requests without an adapter and graph
+    padding rows get x Wᵀ from this kernel, not cuBLAS: use it only when every
+    request has an adapter if those rows must match a server without LoRA."""
+    tokens, k = x.shape
+    n = weight.shape[0]
+    assert x.stride(-1) == 1 and weight.stride(-1) == 1 and lora_a.stride(-1) == 1
+    seg_indptr, weight_indices, count, _ = request_segments(batch_info)
+    out = torch.empty((tokens, n), dtype=torch.float32, device=x.device)
+    if tokens == 0:
+        return out
+    block_m = block_m or min(64, max(16, triton.next_power_of_2(tokens // 128)))
+    block_r = max(16, triton.next_power_of_2(lora_a.shape[1]))
+    block_n = max(16, triton.next_power_of_2(n))
+    block_k = block_k or 128
+    row_blocks = triton.cdiv(tokens, block_m)
+    if split_k is None:
+        split_k = min(16, triton.next_power_of_2(triton.cdiv(128, row_blocks)))
+    k_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+    part = part_r = out
+    if split_k > 1:
+        part = torch.empty((split_k, tokens, block_n), dtype=torch.float32, device=x.device)
+        part_r = torch.empty((split_k, tokens, block_r), dtype=torch.float32, device=x.device)
+    # One more segment: graph padding rows past the last request (base only).
+    _lora_head_gate_kernel[(row_blocks * split_k, count + 1)](
+        x, weight, lora_a, lora_b, out, part, part_r,
+        _counters(row_blocks * (count + 1), x.device), seg_indptr,
+        weight_indices, batch_info.lora_ranks, batch_info.scalings, count,
+        tokens, k, n, k_split, x.stride(0), weight.stride(0), lora_a.stride(0),
+        lora_a.stride(1), lora_b.stride(0), lora_b.stride(1), out.stride(0),
+        part.stride(0), part_r.stride(0), SPLIT_K=split_k, BLOCK_M=block_m,
+        BLOCK_K=block_k, BLOCK_R=block_r, BLOCK_N=block_n, num_stages=num_stages,
     )  # fmt: skip
     return out
