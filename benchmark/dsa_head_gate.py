@@ -9,12 +9,20 @@ _get_logits_head_gate (its weights_proj a ReplicatedLinear, or sglang's
 ReplicatedLinearWithLoRA on the csgmv or Triton backend, batch info from the
 backend's prepare_lora_batch into the static prefill-graph buffers, as in a
 breakable-graph replay, then has_active_lora and is_prefill as sglang's
-LoRAManager.prepare_lora_batch sets them). Four head gates per shape:
+LoRAManager.prepare_lora_batch sets them), each call inside the prefill graph's
+forward context the split op runs in (its forward batch's lora_ids: which
+requests have an adapter). Five head gates per shape:
   no_lora            upstream's gate (torch.compile'd: fp32 cuBLAS GEMM, scaling)
-  lora_adapter       the gate now, every request with the adapter: upstream's
-                     fp32 GEMM, then ONE fused Triton launch (sglang_graphfix_kernel
-                     add_lora_head_gate_delta_: shrink, expand, scaling, in-place
-                     add), then the compiled scaling (_scale_head_gates)
+  lora_adapter       the gate now, every request with the adapter: ONE Triton
+                     launch for base and delta from one read of x
+                     (sglang_graphfix_kernel lora_head_gate), then the compiled
+                     scaling (_scale_head_gates)
+  lora_adapter_gemm_plus_delta
+                     the same batch through the path of a batch where some
+                     request has no adapter (lora_ids do not say every request
+                     has one): upstream's fp32 GEMM, then ONE fused Triton launch
+                     (add_lora_head_gate_delta_: shrink, expand, scaling,
+                     in-place add), then _scale_head_gates
   lora_no_adapter    the gate now, no request with an adapter (a LoRA server's
                      base-model traffic): has_active_lora is False, so upstream's
                      gate runs unchanged; should time as no_lora
@@ -50,14 +58,15 @@ segments, so its kernels queue behind the replayed graph segment and the GPU
 time is what a request pays; the worst latency-based overhead is reported too.
 L2 is not flushed (every variant alike: x is 7 MB at 512 tokens, 117 MB at 8192).
 
-Checks at 2048 tokens (4 requests of 512; the 1st and 3rd with the adapter), on
-each backend and rank, for the fused gate and the unfused reference: adapter rows
-against the fp32 reference x Wᵀ + s·(x Aᵀ) Bᵀ, max |gate - reference| / max
-|reference| over those rows below 2e-2 (both kernels round x Aᵀ to bf16; an H200
-run saw about 2e-3; the gate without the delta must be over 10x that far, an
-H200 run saw 0.4-0.75); other
-rows bit-identical to the gate without LoRA; the fused kernel launched exactly
-once; with no request on an adapter the whole gate bit-identical to upstream's.
+Checks at 2048 tokens (4 requests of 512), on each backend and rank, against the
+fp32 reference x Wᵀ + s·(x Aᵀ) Bᵀ, as max |gate - reference| / max |reference|
+below 2e-2 (every kernel rounds x Aᵀ to bf16; an H200 run saw about 2e-3; the
+gate without the delta must be over 10x that far, an H200 run saw 0.4-0.75):
+every request with the adapter: lora_head_gate launched once, no delta kernel;
+the 1st and 3rd with it (mixed) and the unfused reference: adapter rows, other
+rows bit-identical to the gate without LoRA, the delta kernel launched once;
+with no request on an adapter the whole gate bit-identical to upstream's and
+neither kernel launched.
 
     python3 benchmark/dsa_head_gate.py [--quick] [--backends csgmv,triton]
 
@@ -77,6 +86,7 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -99,7 +109,13 @@ SCALING = 2.0
 GOAL_PCT = 5.0
 CHECK_TOLERANCE = 2e-2
 THROUGHPUT_CALLS = 50  # R
-VARIANTS = ("no_lora", "lora_adapter", "lora_no_adapter", "unfused_reference")
+VARIANTS = (
+    "no_lora",
+    "lora_adapter",
+    "lora_adapter_gemm_plus_delta",
+    "lora_no_adapter",
+    "unfused_reference",
+)
 PARTS = ("gate", "split_op_core")
 
 
@@ -193,20 +209,40 @@ def unfused_reference_gate(indexer, x, q_scale):
 
 @contextlib.contextmanager
 def _counting_fused_kernel():
-    """Counts the gate's calls of add_lora_head_gate_delta_ (the name it binds)."""
+    """Counts the gate's launches of sgl-kernel's two LoRA head-gate kernels (the
+    names the gate module binds): {"delta": [...], "full": [...]}."""
     from sglang_graphfix.srt.layers.attention.dsa import dsa_indexer as gate_module
 
-    kernel, calls = gate_module.add_lora_head_gate_delta_, []
+    names = {"delta": "add_lora_head_gate_delta_", "full": "lora_head_gate"}
+    kernels = {key: getattr(gate_module, name) for key, name in names.items()}
+    calls = {key: [] for key in names}
 
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return kernel(*args, **kwargs)
+    def counted(key):
+        def call(*args, **kwargs):
+            calls[key].append(1)
+            return kernels[key](*args, **kwargs)
 
-    gate_module.add_lora_head_gate_delta_ = counted
+        return call
+
+    for key, name in names.items():
+        setattr(gate_module, name, counted(key))
     try:
         yield calls
     finally:
-        gate_module.add_lora_head_gate_delta_ = kernel
+        for key, name in names.items():
+            setattr(gate_module, name, kernels[key])
+
+
+def in_split_op(lora_ids, fn, *args):
+    """fn(*args) inside the prefill graph's forward context the split op runs in;
+    of its forward batch the head gate reads only lora_ids (None: no adapter)."""
+    from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph import (
+        set_tc_piecewise_forward_context,
+    )
+
+    batch = SimpleNamespace(lora_ids=lora_ids)
+    with set_tc_piecewise_forward_context(batch, [], None, [], []):
+        return fn(*args)
 
 
 class Timer:
@@ -400,25 +436,34 @@ def _check(plain, lora_indexer, device, gen) -> dict:
     rank = layer.lora_a.shape[1]
     x = torch.randn(sum(lens), HIDDEN, generator=gen, device=device).bfloat16()
     q_scale = torch.rand(sum(lens), N_HEADS, 1, generator=gen, device=device) + 0.5
-    no_lora = plain._get_logits_head_gate(x, q_scale)
+    no_lora = in_split_op(None, plain._get_logits_head_gate, x, q_scale)
 
-    _prepare(layer, lens, [0] * len(lens), rank)
-    no_adapter_flag = layer.lora_backend.get_batch_info().has_active_lora
-    with _counting_fused_kernel() as no_adapter_launches:
-        no_adapter = lora_indexer._get_logits_head_gate(x, q_scale)
+    def gate(slots):
+        """The LoRA gate on a batch of ``slots`` (0: no adapter), prepared and
+        called as in the split op; (gate, launches, has_active_lora)."""
+        _prepare(layer, lens, slots, rank)
+        lora_ids = [f"adapter{s}" if s else None for s in slots]
+        with _counting_fused_kernel() as launches:
+            out = in_split_op(lora_ids, lora_indexer._get_logits_head_gate, x, q_scale)
+        flag = layer.lora_backend.get_batch_info().has_active_lora
+        return out, {k: len(v) for k, v in launches.items()}, flag
 
-    _prepare(layer, lens, slots, rank)
-    mixed_flag = layer.lora_backend.get_batch_info().has_active_lora
-    with _counting_fused_kernel() as launches:
-        fused = lora_indexer._get_logits_head_gate(x, q_scale)
+    no_adapter, no_adapter_launches, no_adapter_flag = gate([0] * len(lens))
+    every, every_launches, _ = gate([1] * len(lens))
+    fused, launches, mixed_flag = gate(slots)
     unfused = unfused_reference_gate(lora_indexer, x, q_scale)
 
     rows = torch.arange(sum(lens), device=device)
     adapter = (rows // 512) % 2 == 0
     a, b = layer.lora_a[1].float(), layer.lora_b[1].float()
-    logits = x.float() @ base.weight.float().t()
-    logits[adapter] += SCALING * (x[adapter].float() @ a.t()) @ b.t()
-    reference = (logits * N_HEADS**-0.5).unsqueeze(-1) * q_scale * HEAD_DIM**-0.5
+    bare = x.float() @ base.weight.float().t()
+    delta = SCALING * (x.float() @ a.t()) @ b.t()
+    logits = torch.where(adapter[:, None], bare + delta, bare)
+
+    def scaled(logits):
+        return (logits * N_HEADS**-0.5).unsqueeze(-1) * q_scale * HEAD_DIM**-0.5
+
+    reference, every_reference = scaled(logits), scaled(bare + delta)
     scale = reference[adapter].abs().max()
 
     def verdict(gate):
@@ -430,16 +475,24 @@ def _check(plain, lora_indexer, device, gen) -> dict:
             "ok": error < CHECK_TOLERANCE and identical,
         }
 
+    every_error = float(
+        (every - every_reference).abs().max() / every_reference.abs().max()
+    )
     result = {
         "backend": type(layer.lora_backend).__name__,
         "rank": rank,
         "tolerance": CHECK_TOLERANCE,
         "has_active_lora": {"mixed_batch": mixed_flag, "no_adapter_batch": no_adapter_flag},
-        "lora_adapter": {**verdict(fused), "fused_kernel_launches": len(launches)},
+        "lora_adapter": {
+            "max_rel_error": every_error,
+            "ok": every_error < CHECK_TOLERANCE,
+            "launches": every_launches,
+        },
+        "mixed_batch": {**verdict(fused), "launches": launches},
         "unfused_reference": verdict(unfused),
         "lora_no_adapter": {
             "bit_identical_to_no_lora": bool(torch.equal(no_adapter, no_lora)),
-            "fused_kernel_launches": len(no_adapter_launches),
+            "launches": no_adapter_launches,
         },
         # How far the gate without the adapter is: what the check tells apart.
         "bare_gate_rel_distance": float(
@@ -448,10 +501,12 @@ def _check(plain, lora_indexer, device, gen) -> dict:
     }
     result["pass"] = bool(
         result["lora_adapter"]["ok"]
-        and result["lora_adapter"]["fused_kernel_launches"] == 1
+        and every_launches == {"delta": 0, "full": 1}
+        and result["mixed_batch"]["ok"]
+        and launches == {"delta": 1, "full": 0}
         and result["unfused_reference"]["ok"]
         and result["lora_no_adapter"]["bit_identical_to_no_lora"]
-        and result["lora_no_adapter"]["fused_kernel_launches"] == 0
+        and no_adapter_launches == {"delta": 0, "full": 0}
         and mixed_flag
         and not no_adapter_flag
         and result["bare_gate_rel_distance"] > 10 * CHECK_TOLERANCE
@@ -464,14 +519,24 @@ def _variants(plain, lora_indexer, lens, rank, x, q_scale, core) -> dict:
     layer = lora_indexer.weights_proj
     with_adapter = partial(_prepare, layer, lens, [1] * len(lens), rank)
     without = partial(_prepare, layer, lens, [0] * len(lens), rank)
+    every = ["adapter"] * len(lens)  # the forward batch's lora_ids
     gates = {
-        "no_lora": (None, plain._get_logits_head_gate),
-        "lora_adapter": (with_adapter, lora_indexer._get_logits_head_gate),
-        "lora_no_adapter": (without, lora_indexer._get_logits_head_gate),
-        "unfused_reference": (with_adapter, partial(unfused_reference_gate, lora_indexer)),
+        "no_lora": (None, None, plain._get_logits_head_gate),
+        "lora_adapter": (with_adapter, every, lora_indexer._get_logits_head_gate),
+        # lora_ids=None: the gate cannot tell every request has an adapter.
+        "lora_adapter_gemm_plus_delta": (
+            with_adapter, None, lora_indexer._get_logits_head_gate
+        ),
+        "lora_no_adapter": (
+            without, [None] * len(lens), lora_indexer._get_logits_head_gate
+        ),
+        "unfused_reference": (
+            with_adapter, every, partial(unfused_reference_gate, lora_indexer)
+        ),
     }
     variants = {}
-    for name, (prepare, gate) in gates.items():
+    for name, (prepare, lora_ids, gate) in gates.items():
+        gate = partial(in_split_op, lora_ids, gate)
         variants[("gate", name)] = (prepare, partial(gate, x, q_scale))
         variants[("split_op_core", name)] = (prepare, partial(core, x, gate))
     return variants

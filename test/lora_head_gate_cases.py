@@ -16,6 +16,7 @@ from sglang.srt.lora.backend.triton_backend import TritonLoRABackend
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_graphfix_kernel.lora_head_gate import (
     add_lora_head_gate_delta_,
+    lora_head_gate,
     request_segments,
 )
 
@@ -91,10 +92,13 @@ def run(
     dtype=torch.half,
     unfused=False,
     kernel_kwargs=None,
+    full=False,
 ):
     """requests: [(tokens, slot)]; adapters: {slot: (rank, scaling)}; rows: the
     padded token count (a graph bucket). unfused: also compare with sglang's own
-    shrink + expand on the same batch info (needs its Triton kernels)."""
+    shrink + expand on the same batch info (needs its Triton kernels). full: the
+    whole gate (lora_head_gate) with a weight W, base x Wᵀ, instead of the delta
+    added to a given base."""
     device = torch.device(device)
     g = torch.Generator().manual_seed(0)
     tokens = sum(t for t, _ in requests)
@@ -107,6 +111,9 @@ def run(
         b[slot, :, :rank] = torch.randn(n, rank, generator=g)
     a, b = a.to(device), b.to(device)
     base = torch.randn(rows, n, generator=g).to(device)
+    if full:
+        weight = (torch.randn(n, k, generator=g) / k**0.5).to(device, dtype)
+        base = x.float() @ weight.float().t()
     backend = prepare(backend_name, graph, requests, adapters, chunk, rows, device)
     info = backend.get_batch_info()
 
@@ -124,7 +131,10 @@ def run(
             start += t
         return ref, torch.tensor(with_adapter, dtype=torch.long, device=device)
 
-    out = add_lora_head_gate_delta_(base.clone(), x, a, b, info, **(kernel_kwargs or {}))
+    if full:
+        out = lora_head_gate(x, weight, a, b, info, **(kernel_kwargs or {}))
+    else:
+        out = add_lora_head_gate_delta_(base.clone(), x, a, b, info, **(kernel_kwargs or {}))
     ref, adapter_rows = reference(lambda slot: slot)
     others = torch.ones(rows, dtype=torch.bool, device=device)
     others[adapter_rows] = False
@@ -139,6 +149,9 @@ def run(
             (out - ref)[adapter_rows].abs().max() / scale
         ),
         "other_rows_bit_identical": bool(torch.equal(out[others], base[others])),
+        "other_rows_max_rel_error": float(
+            (out - base)[others].abs().max() / base[others].abs().max()
+        ),
         "swapped_adapters_max_rel_error": float(
             (out - swapped)[adapter_rows].abs().max() / scale
         ),

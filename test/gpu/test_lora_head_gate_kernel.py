@@ -23,22 +23,39 @@ CASES = dict(
 RESULTS = {}
 
 
-@pytest.mark.parametrize("split", ["auto", 1, 4])
+# The delta into the cuBLAS base (split-K: auto, none, 4 reduced by a second
+# launch, 4 reduced in the same launch) and the whole gate (base + delta).
+VARIANTS = {
+    "split-auto": {},
+    "split-1": {"kernel_kwargs": {"split_k": 1}},
+    "split-4": {"kernel_kwargs": {"split_k": 4}},
+    "split-4-one-launch": {"kernel_kwargs": {"split_k": 4, "one_launch": True}},
+    "full-split-auto": {"full": True},
+    "full-split-1": {"full": True, "kernel_kwargs": {"split_k": 1}},
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("name", list(CASES))
-def test_fused_delta_matches_reference_and_sglang(name, split):
+def test_fused_delta_matches_reference_and_sglang(name, variant):
     # sglang caches the csgmv shrink by (K, slices, chunk), not by max rank: a
     # second pool rank in one process would reuse the first's kernel.
     chunked_sgmv_shrink._chunked_lora_shrink_kernel._clear_cache()
     r = run(
         **CASES[name], k=7168, n=64, device="cuda", dtype=torch.bfloat16,
-        unfused=True, kernel_kwargs={} if split == "auto" else {"split_k": split},
+        unfused=True, **VARIANTS[variant],
     )  # fmt: skip
-    RESULTS[f"{name}-split{split}"] = r
+    RESULTS[f"{name}-{variant}"] = r
     write_result("lora_head_gate_kernel", RESULTS)
     assert r["adapter_rows"] == 3501
     # Both round x·Aᵀ to bf16 after fp32 sums in different orders: a flipped
     # rounding moves the delta by ~2^-8 of one rank term.
     assert r["adapter_rows_max_rel_error"] < 1e-2, r
     assert r["vs_sglang_unfused_adapter_rows_max_rel_error"] < 1e-2, r
-    assert r["other_rows_bit_identical"], r
+    if variant.startswith("full"):
+        # x Wᵀ from this kernel for rows without an adapter and graph padding:
+        # fp32 sums of bf16 products in another order than the fp32 reference.
+        assert r["other_rows_max_rel_error"] < 1e-4, r
+    else:
+        assert r["other_rows_bit_identical"], r
     assert r["swapped_adapters_max_rel_error"] > 0.1, r

@@ -114,7 +114,9 @@ def test_demo_command_in_a_fresh_process(plugins):
     plugin loader applies the installed sglang-graphfix (no test conftest), and
     SGLANG_PLUGINS without graphfix turns it off (upstream's plan: full, which
     then fails at capture)."""
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT / "python")}
+    # The working tree's package and kernels, whatever copy pip installed.
+    path = os.pathsep.join(str(ROOT / d) for d in ("python", "sgl-kernel/python"))
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": path}
     env.pop("SGLANG_PLUGINS", None)
     if plugins is not None:
         env["SGLANG_PLUGINS"] = plugins

@@ -322,13 +322,13 @@ _COUNTERS: dict = {}
 
 
 def _counters(n: int, device: torch.device) -> torch.Tensor:
-    """Zeroed split-K counters, kept per device and stream (each launch resets
-    the ones it used)."""
-    key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
-    buf = _COUNTERS.get(key)
+    """Zeroed split-K counters, one buffer per device: every launch leaves the
+    counts it used at zero again (launches on one device must not overlap, as
+    on sglang's forward stream)."""
+    buf = _COUNTERS.get(device)
     if buf is None or buf.numel() < n:
-        buf = _COUNTERS[key] = torch.zeros(
-            max(n, 1024), dtype=torch.int32, device=device
+        buf = _COUNTERS[device] = torch.zeros(
+            max(n, 4096), dtype=torch.int32, device=device
         )
     return buf
 
@@ -442,7 +442,9 @@ def lora_head_gate(
     out = torch.empty((tokens, n), dtype=torch.float32, device=x.device)
     if tokens == 0:
         return out
-    block_m = block_m or min(64, max(16, triton.next_power_of_2(tokens // 128)))
+    # 32-row tiles for short prompts, 64 (fewer re-reads of W and A) from 2048
+    # tokens; split K until ~128 programs share the work.
+    block_m = block_m or (32 if tokens < 2048 else 64)
     block_r = max(16, triton.next_power_of_2(lora_a.shape[1]))
     block_n = max(16, triton.next_power_of_2(n))
     block_k = block_k or 128

@@ -32,10 +32,20 @@ for _name in ("tensor", "zeros", "empty", "arange"):
 
 from lora_head_gate_cases import CASES, run  # noqa: E402
 
+VARIANTS = {
+    # These short batches take the split-K path by default; split_k=1 is the
+    # one-launch path longer prompts take.
+    "split-auto": {},
+    "split-1": {"kernel_kwargs": {"split_k": 1}},
+    "split-4-one-launch": {"kernel_kwargs": {"split_k": 4, "one_launch": True}},
+    # The whole gate (base + delta) in one launch, split K and not.
+    "full-split-auto": {"full": True},
+    "full-split-1": {"full": True, "kernel_kwargs": {"split_k": 1}},
+}
+
 if __name__ == "__main__":
-    # K=1100: several K tiles and a tail. These short batches take the split-K
-    # path by default; split_k=1 is the one-launch path longer prompts take.
+    # K=1100: several K tiles and a tail.
     for name in sys.argv[1:] or CASES:
-        for split, kwargs in (("auto", {}), ("1", {"split_k": 1})):
-            result = run(**CASES[name], k=1100, kernel_kwargs=kwargs)
-            print(json.dumps({"case": f"{name}-split{split}", **result}), flush=True)
+        for variant, kwargs in VARIANTS.items():
+            result = run(**CASES[name], k=1100, **kwargs)
+            print(json.dumps({"case": f"{name}-{variant}", **result}), flush=True)

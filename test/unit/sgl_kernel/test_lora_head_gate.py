@@ -1,7 +1,9 @@
 """sgl-kernel's fused LoRA head-gate delta (shrink, expand, scaling, add into the
 fp32 base) in Triton's CPU interpreter, on batch info from sglang's own csgmv and
 Triton LoRA backends (eager and prefill-graph buffers, two adapters of different ranks, requests without one, graph padding rows),
-against the fp32 reference x Wᵀ + s·(x Aᵀ) Bᵀ."""
+against the fp32 reference x Wᵀ + s·(x Aᵀ) Bᵀ: the delta into a given base
+(split-K reduced by a second launch or in the same one) and the whole gate
+(base and delta from one read of x)."""
 
 import json
 import os
@@ -29,8 +31,13 @@ def results():
     return {r["case"]: r for r in map(json.loads, run.stdout.splitlines())}
 
 
+VARIANTS = (
+    "split-auto", "split-1", "split-4-one-launch", "full-split-auto", "full-split-1"
+)
+
+
 def test_every_case_ran(results):
-    assert len(results) == 16
+    assert len(results) == 8 * len(VARIANTS)
     assert {n.split("-")[0] for n in results} == {"triton", "csgmv"}
     # Per request on both backends (csgmv's own segments are 16-token chunks).
     assert {r["requests"] for r in results.values()} == {5}
@@ -39,19 +46,24 @@ def test_every_case_ran(results):
 @pytest.mark.parametrize(
     "case",
     [
-        f"{backend}-{mode}-rank{rank}-split{split}"
+        f"{backend}-{mode}-rank{rank}-{variant}"
         for backend in ("triton", "csgmv")
         for mode in ("eager", "graph")
         for rank in (16, 64)
-        for split in ("auto", "1")
+        for variant in VARIANTS
     ],
 )
-def test_delta_matches_the_fp32_reference(results, case):
+def test_gate_matches_the_fp32_reference(results, case):
     r = results[case]
     assert r["adapter_rows"] == 58
     # fp16 inputs, x Aᵀ rounded to fp16 in both: only summation order differs.
     assert r["adapter_rows_max_rel_error"] < 1e-3
-    # Rows without an adapter (and graph padding) are never written.
-    assert r["other_rows_bit_identical"]
+    if "-full-" in case:
+        # The whole gate: rows without an adapter and graph padding get x Wᵀ
+        # (from this kernel, so equal up to fp32 summation order).
+        assert r["other_rows_max_rel_error"] < 1e-5
+    else:
+        # The delta: rows without an adapter (and padding) are never written.
+        assert r["other_rows_bit_identical"]
     # The same output against swapped adapters: the comparison can fail.
     assert r["swapped_adapters_max_rel_error"] > 0.1

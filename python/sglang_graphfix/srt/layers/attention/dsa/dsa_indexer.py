@@ -14,7 +14,10 @@ the flag that avoids it.
 from __future__ import annotations
 
 import torch
-from sglang_graphfix_kernel.lora_head_gate import add_lora_head_gate_delta_
+from sglang_graphfix_kernel.lora_head_gate import (
+    add_lora_head_gate_delta_,
+    lora_head_gate,
+)
 
 from sglang.srt.layers.attention.dsa import dsa_indexer
 from sglang.srt.layers.attention.dsa.dsa_prefill_cuda_graph import (
@@ -27,6 +30,7 @@ from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.context
     is_in_breakable_cuda_graph,
 )
 from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph import (
+    get_tc_piecewise_forward_context,
     is_in_tc_piecewise_cuda_graph,
 )
 
@@ -72,23 +76,35 @@ def weights_proj_has_lora(indexer) -> bool:
 
 
 def lora_head_gate_logits(indexer, x: torch.Tensor) -> torch.Tensor:
-    """``weights_proj(x)`` in fp32 with the live batch's adapters: upstream's fp32
-    base GEMM (the one its gate uses without LoRA) plus the adapter delta for the
-    rows of requests with an adapter. Rows without one keep the base GEMM bit
-    for bit. On sglang's dense LoRA backends (csgmv, triton) the delta is one
-    fused launch (shrink, expand, scaling, add); elsewhere the backend's own."""
+    """``weights_proj(x)`` in fp32 with the live batch's adapters. When every
+    request has an adapter, one kernel computes base and delta from a single
+    read of x (lora_head_gate). Otherwise upstream's fp32 base GEMM, then the
+    delta for the rows of requests with an adapter, so rows without one keep
+    that GEMM bit for bit: one fused launch on sglang's dense LoRA backends
+    (csgmv, triton), elsewhere the backend's own kernels."""
     layer = indexer.weights_proj  # ReplicatedLinearWithLoRA
     if not dsa_indexer._is_cuda:
         # Off CUDA upstream's base projection is the module call itself, which
         # for a LoRA layer already adds the delta (as upstream's eager path).
         return layer(x)[0].float()
-    base = indexer._weights_proj_bf16_in_fp32_out(x)
     backend = layer.lora_backend
-    if isinstance(backend, (ChunkedSgmvLoRABackend, TritonLoRABackend)):
-        return add_lora_head_gate_delta_(
-            base, x, layer.lora_a, layer.lora_b, backend.get_batch_info()
-        )
-    return add_delta_with_lora_backend(layer, x, base)
+    if not isinstance(backend, (ChunkedSgmvLoRABackend, TritonLoRABackend)):
+        base = indexer._weights_proj_bf16_in_fp32_out(x)
+        return add_delta_with_lora_backend(layer, x, base)
+    batch_info = backend.get_batch_info()
+    if every_request_has_adapter() and layer.weight.dtype == x.dtype:
+        return lora_head_gate(x, layer.weight, layer.lora_a, layer.lora_b, batch_info)
+    base = indexer._weights_proj_bf16_in_fp32_out(x)
+    return add_lora_head_gate_delta_(base, x, layer.lora_a, layer.lora_b, batch_info)
+
+
+def every_request_has_adapter() -> bool:
+    """Whether every request of the split op's live batch has an adapter, from
+    the host-side lora_ids of the prefill graph's forward context (None: the
+    base model); False when there is no such context."""
+    context = get_tc_piecewise_forward_context()
+    lora_ids = getattr(getattr(context, "forward_batch", None), "lora_ids", None)
+    return bool(lora_ids) and all(uid is not None for uid in lora_ids)
 
 
 def add_delta_with_lora_backend(layer, x: torch.Tensor, base: torch.Tensor):
@@ -119,7 +135,8 @@ def batch_has_adapter(layer) -> bool:
 # Why:     The graph split op (bcg_dsa_indexer_prefill_split) builds the gate
 #          from weights_proj.weight alone, silently dropping the adapter.
 # How:     Batches without an adapter run upstream's gate unchanged. Otherwise
-#          lora_head_gate_logits (base GEMM + one fused delta launch from the
+#          lora_head_gate_logits (one launch for base + delta when every request
+#          has an adapter; else the base GEMM + one fused delta launch, from the
 #          live batch info), then the same scaling as the fused-path gate
 #          (_scale_head_gates). Rows without an adapter equal upstream's gate.
 # Upstream: sglang/srt/layers/attention/dsa/dsa_indexer.py::Indexer._get_logits_head_gate

@@ -245,6 +245,10 @@ def _fused_head_gate_delta(out, x, lora_a, lora_b, batch_info):
     rounded to x's dtype) Bᵀ in fp32, in place; requests of rank-0 slots and
     every other row untouched. Counted."""
     FUSED_DELTA_CALLS.append(batch_info)
+    return _add_deltas(out, x, lora_a, lora_b, batch_info)
+
+
+def _add_deltas(out, x, lora_a, lora_b, batch_info):
     seg_indptr, weight_indices, count, _ = request_segments(batch_info)
     for req in range(count):
         start, end = map(int, seg_indptr[req : req + 2])
@@ -256,6 +260,17 @@ def _fused_head_gate_delta(out, x, lora_a, lora_b, batch_info):
         delta = xa.float() @ lora_b[slot, :, :rank].float().t()
         out[start:end] += float(batch_info.scalings[slot]) * delta
     return out
+
+
+FULL_GATE_CALLS = []
+
+
+def _full_head_gate(x, weight, lora_a, lora_b, batch_info):
+    """sgl-kernel's lora_head_gate: x Wᵀ in fp32 for every row, plus each
+    request's delta (as _fused_head_gate_delta). Counted."""
+    FULL_GATE_CALLS.append(batch_info)
+    out = x.float() @ weight.float().t()
+    return _add_deltas(out, x, lora_a, lora_b, batch_info)
 
 
 def _cuda_fp32_gemm(self, x):
@@ -305,7 +320,9 @@ def _cpu(monkeypatch):
     )
     monkeypatch.setattr(Indexer, "_weights_proj_bf16_in_fp32_out", _cuda_fp32_gemm)
     monkeypatch.setattr(ours, "add_lora_head_gate_delta_", _fused_head_gate_delta)
+    monkeypatch.setattr(ours, "lora_head_gate", _full_head_gate)
     FUSED_DELTA_CALLS.clear()
+    FULL_GATE_CALLS.clear()
     for factory in ("tensor", "zeros", "empty", "arange"):
         monkeypatch.setattr(torch, factory, _unpinned(getattr(torch, factory)))
     with torch.compiler.set_stance("force_eager"):
@@ -440,12 +457,26 @@ def _q_scale(seed=2):
     return torch.rand(ROWS, N_HEADS, 1, generator=g) + 0.5
 
 
+def _lora_ids(requests=REQUESTS):
+    """ForwardBatch.lora_ids: the adapter of each request, None for none."""
+    return [None if slot == 0 else f"adapter{slot}" for _, slot in requests]
+
+
 def _batch(mode=ForwardMode.EXTEND, num_tokens=TOKENS):
     return SimpleNamespace(
         forward_mode=mode,
         extend_num_tokens=num_tokens,
         seq_lens_cpu=torch.tensor([num_tokens]),
         out_cache_loc=torch.arange(100, 100 + ROWS),
+        lora_ids=_lora_ids(),
+    )
+
+
+def _split_op_context(lora_ids):
+    """The prefill graph's forward context the split op runs in (only the
+    forward batch's lora_ids matter to the head gate)."""
+    return set_tc_piecewise_forward_context(
+        SimpleNamespace(lora_ids=lora_ids), [], None, [], []
     )
 
 
@@ -502,6 +533,68 @@ def test_head_gate_on_the_csgmv_backend(prefill_graph, max_rank):
     assert indexer.fp32_gemm_calls == 1
     (batch_info,) = FUSED_DELTA_CALLS
     assert batch_info.req_seg_indptr is not None  # csgmv's per-request view
+
+
+ALL_ADAPTER_REQUESTS = [(5, 1), (3, 2), (4, 1)]
+
+
+@pytest.mark.parametrize("backend", ["triton", "csgmv"])
+def test_head_gate_with_every_request_on_an_adapter_is_one_kernel(backend):
+    """No row keeps upstream's GEMM when every request has an adapter (the split
+    op's forward batch says so, host-side): one launch of sgl-kernel's
+    lora_head_gate computes base and delta from one read of x."""
+    requests = ALL_ADAPTER_REQUESTS
+    layer = _lora_weights_proj(_weights_proj(), backend=backend, requests=requests)
+    indexer = _indexer(layer)
+    x, _, _ = _inputs()
+    q_scale = _q_scale()
+
+    with _split_op_context(_lora_ids(requests)):
+        gate = indexer._get_logits_head_gate(x, q_scale)
+
+    (batch_info,) = FULL_GATE_CALLS
+    assert batch_info is layer.lora_backend.batch_info
+    assert indexer.fp32_gemm_calls == 0 and not FUSED_DELTA_CALLS
+    logits, start = _bare_logits(x), 0
+    a, b = _lora_buffers()
+    for n, slot in requests:
+        rank, scaling = ADAPTERS[slot]
+        xa = x[start : start + n].float() @ a[slot, :rank].float().t()
+        logits[start : start + n] += scaling * xa @ b[slot, :, :rank].float().t()
+        start += n
+    reference = _gate(logits, q_scale)
+    torch.testing.assert_close(
+        gate, reference, rtol=2e-2, atol=1e-2 * reference.abs().max().item()
+    )
+    bare = _gate(_bare_logits(x), q_scale)
+    # Every row carries its adapter (larger than any row's bare gate).
+    assert (gate - bare)[:start].abs().amax(dim=(1, 2)).min() > bare.abs().max()
+
+
+@pytest.mark.parametrize(
+    "lora_ids", [_lora_ids(), None, []], ids=["one_without", "no_lora_ids", "empty"]
+)
+def test_head_gate_with_a_request_without_adapter_keeps_upstreams_gemm(lora_ids):
+    """A request without an adapter (or no forward batch to tell): upstream's
+    GEMM for every row, the delta on top."""
+    indexer = _lora_indexer()
+    x, _, _ = _inputs()
+    q_scale = _q_scale()
+
+    with _split_op_context(lora_ids):
+        gate = indexer._get_logits_head_gate(x, q_scale)
+
+    assert not FULL_GATE_CALLS
+    assert indexer.fp32_gemm_calls == 1 and len(FUSED_DELTA_CALLS) == 1
+    _assert_gate(gate, x, q_scale)
+
+
+def test_every_request_has_adapter_reads_the_split_op_batch():
+    assert not ours.every_request_has_adapter()  # no prefill-graph context
+    with _split_op_context(["a", "b"]):
+        assert ours.every_request_has_adapter()
+    with _split_op_context(["a", None]):
+        assert not ours.every_request_has_adapter()
 
 
 def test_csgmv_shrink_stand_in_has_upstreams_compile_cache_key():
@@ -582,10 +675,12 @@ def test_benchmark_checks_csgmv_rank16_then_rank64(monkeypatch, fresh_kernel):
             "no_adapter_batch": False,
         }
         assert check["lora_adapter"]["ok"]
-        assert check["lora_adapter"]["fused_kernel_launches"] == 1
+        assert check["lora_adapter"]["launches"] == {"delta": 0, "full": 1}
+        assert check["mixed_batch"]["ok"]
+        assert check["mixed_batch"]["launches"] == {"delta": 1, "full": 0}
         assert check["lora_no_adapter"] == {
             "bit_identical_to_no_lora": True,
-            "fused_kernel_launches": 0,
+            "launches": {"delta": 0, "full": 0},
         }
         assert check["unfused_reference"]["rows_without_adapter_bit_identical"]
         passed[rank] = check["pass"]
@@ -602,16 +697,17 @@ def test_benchmark_checks_triton_backend():
 
 class _StateTimer:
     """Stands in for the benchmark's CUDA-event Timer: each "time" it reports is
-    the state the call ran in: latency = fused-kernel launches during the call,
-    throughput = 1 + the batch's has_active_lora."""
+    the state the call ran in: latency = launches of the delta kernel + 10 x
+    launches of the whole-gate kernel during the call, throughput = 1 + the
+    batch's has_active_lora."""
 
     def __init__(self, layer):
         self.layer = layer
 
     def _call(self, fn):
-        launches = len(FUSED_DELTA_CALLS)
+        launches = len(FUSED_DELTA_CALLS) + 10 * len(FULL_GATE_CALLS)
         fn()
-        return len(FUSED_DELTA_CALLS) - launches
+        return len(FUSED_DELTA_CALLS) + 10 * len(FULL_GATE_CALLS) - launches
 
     def host_ms(self, fn):
         fn()
@@ -628,9 +724,10 @@ class _StateTimer:
 @pytest.mark.parametrize("backend", ["csgmv", "triton"])
 def test_benchmark_times_each_variant_in_its_batch_state(backend):
     """The benchmark's interleaved rounds prepare each variant's batch (what the
-    LoRA manager sets, has_active_lora included) before timing it: the adapter
-    gate launches the fused kernel, the batch without adapters and the unfused
-    reference do not; the split-op core runs the same gates."""
+    LoRA manager sets, has_active_lora included) and the split op's lora_ids
+    before timing it: the adapter gate launches the whole-gate kernel, the same
+    batch on the mixed-batch path the delta kernel, the batch without adapters
+    and the unfused reference neither; the split-op core runs the same gates."""
     bench = _benchmark()
     (rank, plain, lora_indexer, gen), = _benchmark_setup(bench, backend, [16])
     tokens, device = 32, torch.device("cpu")
@@ -645,7 +742,8 @@ def test_benchmark_times_each_variant_in_its_batch_state(backend):
 
     state = {key: (m["latency_ms"], m["throughput_ms"]) for key, m in measured.items()}
     for part in bench.PARTS:
-        assert state[(part, "lora_adapter")] == (1.0, 2.0)
+        assert state[(part, "lora_adapter")] == (10.0, 2.0)
+        assert state[(part, "lora_adapter_gemm_plus_delta")] == (1.0, 2.0)
         assert state[(part, "lora_no_adapter")] == (0.0, 1.0)
         assert state[(part, "unfused_reference")] == (0.0, 2.0)
         assert state[(part, "no_lora")][0] == 0.0
@@ -657,7 +755,10 @@ def test_benchmark_goal_is_the_adapter_split_op_cores_gpu_bound_overhead():
     bench = _benchmark()
 
     def part(throughput, latency):
-        others = dict.fromkeys(("lora_no_adapter", "unfused_reference"), 0.0)
+        others = dict.fromkeys(
+            ("lora_adapter_gemm_plus_delta", "lora_no_adapter", "unfused_reference"),
+            0.0,
+        )
         return {
             "throughput_overhead_pct": {**others, "lora_adapter": throughput},
             "latency_overhead_pct": {**others, "lora_adapter": latency},
