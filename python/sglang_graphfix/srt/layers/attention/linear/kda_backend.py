@@ -23,7 +23,11 @@ from sglang_graphfix.srt.layers.attention.linear.kda_prefill_graph import (
     full_prefill_graph_tables,
 )
 
-_USE_INSTEAD = "or use --cuda-graph-backend-prefill breakable"
+# sglang keeps the breakable prefill graph off for KDA models except GLM-5.3 Flash.
+_USE_INSTEAD = (
+    "or use --cuda-graph-backend-prefill disabled (breakable only for GLM-5.3 "
+    "Flash, the KDA model sglang validates it on)"
+)
 
 
 def prepare_kda_full_prefill_graph_tables(
