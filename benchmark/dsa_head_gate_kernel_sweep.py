@@ -4,7 +4,7 @@ tokens (one request per 2048 tokens, every request with the adapter), sglang's
 Triton LoRA backend batch info. Per shape:
   base_gemm_ms   torch.mm to fp32, what the gate's GEMM costs without LoRA
   delta_ms       add_lora_head_gate_delta_ into that base (mixed batches): the
-                 default heuristic and (block_k, split_k, one_launch) overrides
+                 default heuristic and (block_k, split_k) overrides
   full_gate_ms   lora_head_gate, base + delta in one launch reading x once
                  (batches where every request has an adapter), per
                  (block_m, block_k, split_k)
@@ -36,14 +36,8 @@ from sglang_graphfix_kernel.lora_head_gate import (  # noqa: E402
 )
 
 HIDDEN, HEADS, CALLS, ROUNDS = 7168, 64, 20, 9
-DELTA_CONFIGS = [
-    None,
-    {"block_k": 256, "split_k": 1},
-    {"block_k": 256, "split_k": 4},
-    {"block_k": 128, "split_k": 4, "one_launch": True},
-    {"block_k": 128, "split_k": 8, "one_launch": True},
-    {"block_k": 256, "split_k": 4, "one_launch": True},
-    {"block_k": 256, "split_k": 8, "one_launch": True},
+DELTA_CONFIGS = [None] + [
+    {"block_k": bk, "split_k": sk} for bk in (128, 256) for sk in (1, 4, 8)
 ]
 FULL_CONFIGS = (
     [None]
@@ -56,7 +50,7 @@ FULL_CONFIGS = (
 def _name(config) -> str:
     if config is None:
         return "default"
-    short = {"block_m": "bm", "block_k": "bk", "split_k": "sk", "one_launch": "one"}
+    short = {"block_m": "bm", "block_k": "bk", "split_k": "sk"}
     return "_".join(f"{short[k]}{int(v)}" for k, v in config.items())
 
 

@@ -23,13 +23,12 @@ CASES = dict(
 RESULTS = {}
 
 
-# The delta into the cuBLAS base (split-K: auto, none, 4 reduced by a second
-# launch, 4 reduced in the same launch) and the whole gate (base + delta).
+# The delta into the cuBLAS base (split-K: auto, none, 4) and the whole gate
+# (base + delta).
 VARIANTS = {
     "split-auto": {},
     "split-1": {"kernel_kwargs": {"split_k": 1}},
     "split-4": {"kernel_kwargs": {"split_k": 4}},
-    "split-4-one-launch": {"kernel_kwargs": {"split_k": 4, "one_launch": True}},
     "full-split-auto": {"full": True},
     "full-split-1": {"full": True, "kernel_kwargs": {"split_k": 1}},
 }

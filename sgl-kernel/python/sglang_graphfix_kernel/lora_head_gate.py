@@ -1,14 +1,22 @@
 # SPDX-License-Identifier: Apache-2.0
-"""One-launch LoRA delta for the DSA indexer head gate.
+"""One-launch LoRA head gate for the DSA indexer.
 
 The indexer's head gate is ``x @ weights_projᵀ`` in float32 (64 columns, one per
 index head). With a LoRA adapter on ``weights_proj`` the delta
 ``s · (x Aᵀ) Bᵀ`` would take sglang's shrink and expand kernels: two launches,
 an intermediate tensor and their Python wrappers, for a 64-column output.
-``add_lora_head_gate_delta_`` does shrink, expand, adapter scaling and the add
-into the float32 base in one Triton launch. The base GEMM stays outside (cuBLAS,
-as upstream), so rows without an adapter are never touched and stay bit-identical
-to a server without LoRA.
+
+- ``lora_head_gate``: the whole gate, base and delta, in one launch that reads x
+  once (x is 7 MB at 512 tokens; the base GEMM alone is bound by reading it).
+  For batches where every request has an adapter.
+- ``add_lora_head_gate_delta_``: shrink, expand, adapter scaling and the add into
+  a float32 base from upstream's cuBLAS GEMM, in one launch. For batches with a
+  request without an adapter: its rows are never touched and stay bit-identical
+  to a server without LoRA.
+
+Short prompts have few row tiles, so both split K across programs; the last
+program of a row tile (an atomic count) sums the partials in split order, so the
+result is deterministic and stays one launch.
 
 It works per request, from sglang's LoRA batch info (``LoRABatchInfo``) of
 either dense backend: the Triton backend's segments are the requests; csgmv's are
@@ -122,59 +130,6 @@ def _lora_head_gate_delta_kernel(
 
 
 @triton.jit
-def _lora_head_gate_shrink_split_kernel(
-    x_ptr, a_ptr, part_ptr, seg_indptr_ptr, weight_indices_ptr, lora_ranks_ptr,
-    K, K_SPLIT, stride_x, stride_a_lora, stride_a_rank, stride_part,
-    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-):  # fmt: skip
-    """Split-K shrink for short prompts: program (block, split) writes its
-    partial x Aᵀ over K_SPLIT columns to part[split, rows] (fp32)."""
-    block, split = tl.program_id(0) // SPLIT_K, tl.program_id(0) % SPLIT_K
-    rows, row_ok, lora, rank, active = _segment_rows(
-        seg_indptr_ptr, weight_indices_ptr, lora_ranks_ptr, block, BLOCK_M
-    )
-    if active:
-        k_begin = split * K_SPLIT
-        shrink = _shrink(
-            x_ptr, a_ptr, rows, row_ok, lora, rank, k_begin,
-            tl.minimum(K, k_begin + K_SPLIT), stride_x, stride_a_lora,
-            stride_a_rank, BLOCK_M, BLOCK_K, BLOCK_R,
-        )  # fmt: skip
-        offs_r = tl.arange(0, BLOCK_R)
-        part_ptrs = (
-            part_ptr + split * stride_part + rows[:, None] * BLOCK_R + offs_r[None, :]
-        )
-        tl.store(part_ptrs, shrink, mask=row_ok[:, None])
-
-
-@triton.jit
-def _lora_head_gate_expand_split_kernel(
-    part_ptr, b_ptr, out_ptr, seg_indptr_ptr, weight_indices_ptr, lora_ranks_ptr,
-    scalings_ptr, N, stride_part, stride_b_lora, stride_b_out, stride_out,
-    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    """Sums the split-K partials in a fixed order (deterministic), then expands
-    and adds."""
-    rows, row_ok, lora, rank, active = _segment_rows(
-        seg_indptr_ptr, weight_indices_ptr, lora_ranks_ptr, tl.program_id(0), BLOCK_M
-    )
-    if active:
-        offs_r = tl.arange(0, BLOCK_R)
-        part_ptrs = part_ptr + rows[:, None] * BLOCK_R + offs_r[None, :]
-        shrink = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-        for split in tl.static_range(SPLIT_K):
-            shrink += tl.load(
-                part_ptrs + split * stride_part, mask=row_ok[:, None], other=0.0
-            )
-        _expand_add(
-            shrink, b_ptr, out_ptr, scalings_ptr, rows, row_ok, lora, rank, N,
-            stride_b_lora, stride_b_out, stride_out, BLOCK_R, BLOCK_N,
-        )  # fmt: skip
-
-
-@triton.jit
 def _store_partial(acc, part_ptr, rows, row_ok, split, stride_part, WIDTH: tl.constexpr):
     offs = tl.arange(0, WIDTH)
     ptrs = part_ptr + split * stride_part + rows[:, None] * WIDTH + offs[None, :]
@@ -209,7 +164,7 @@ def _is_last_split(counter_ptr, SPLIT_K: tl.constexpr):
 
 
 @triton.jit
-def _lora_head_gate_delta_split1_kernel(
+def _lora_head_gate_delta_split_kernel(
     x_ptr, a_ptr, b_ptr, out_ptr, part_ptr, counter_ptr, seg_indptr_ptr,
     weight_indices_ptr, lora_ranks_ptr, scalings_ptr, K, N, K_SPLIT, stride_x,
     stride_a_lora, stride_a_rank, stride_b_lora, stride_b_out, stride_out,
@@ -351,7 +306,6 @@ def add_lora_head_gate_delta_(
     *,
     block_k: int | None = None,
     split_k: int | None = None,
-    one_launch: bool = False,
 ) -> torch.Tensor:
     """``out[rows] += scaling · (x[rows] Aᵀ) Bᵀ`` per request, in place.
 
@@ -372,18 +326,18 @@ def add_lora_head_gate_delta_(
     seg_indptr, weight_indices, count, max_rows = request_segments(batch_info)
     if tokens == 0 or count == 0:
         return out
-    # Row tiles of 16-64: about 128 programs from 2048 tokens on, fewer
-    # re-reads of A (max_rank x K) for long prompts.
+    # Tiles as measured best on the H200 (benchmark/dsa_head_gate_kernel_sweep.py,
+    # 512-8192 tokens): short prompts split K (in one launch) over 16-row
+    # tiles; long ones walk all of K with up to 64 rows, deep K tiles.
     block_m = min(64, max(16, triton.next_power_of_2(tokens // 128)))
     block_r = max(16, triton.next_power_of_2(lora_a.shape[1]))
     block_n = max(16, triton.next_power_of_2(n))
-    # Deep K tiles keep ~32 KB of x and A in flight per pipeline stage.
-    block_k = block_k or min(512, 1 << (32768 // (block_m + block_r)).bit_length() - 1)
-    # Short prompts have few row blocks: split K so ~128 programs share the
-    # walk along K, then sum the partials in a fixed order (deterministic).
-    row_blocks = triton.cdiv(tokens, block_m)
     if split_k is None:
-        split_k = min(8, triton.next_power_of_2(triton.cdiv(128, row_blocks)))
+        split_k = 8 if tokens < 1024 else 4 if tokens < 4096 else 1
+    if block_k is None:
+        # ~32 KB of x and A per pipeline stage when walking all of K.
+        deep = min(512, 1 << (32768 // (block_m + block_r)).bit_length() - 1)
+        block_k = 128 if split_k > 1 else deep
     blocks = triton.cdiv(min(max_rows or tokens, tokens), block_m)
     common = (seg_indptr, weight_indices, batch_info.lora_ranks)
     if split_k == 1:
@@ -396,25 +350,12 @@ def add_lora_head_gate_delta_(
         return out
     k_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     part = torch.empty((split_k, tokens, block_r), dtype=torch.float32, device=x.device)
-    if one_launch:
-        _lora_head_gate_delta_split1_kernel[(blocks * split_k, count)](
-            x, lora_a, lora_b, out, part, _counters(blocks * count, x.device),
-            *common, batch_info.scalings, k, n, k_split, x.stride(0),
-            lora_a.stride(0), lora_a.stride(1), lora_b.stride(0),
-            lora_b.stride(1), out.stride(0), part.stride(0), SPLIT_K=split_k,
-            BLOCK_M=block_m, BLOCK_K=block_k, BLOCK_R=block_r, BLOCK_N=block_n,
-            num_stages=3,
-        )  # fmt: skip
-        return out
-    _lora_head_gate_shrink_split_kernel[(blocks * split_k, count)](
-        x, lora_a, part, *common, k, k_split, x.stride(0), lora_a.stride(0),
-        lora_a.stride(1), part.stride(0), SPLIT_K=split_k, BLOCK_M=block_m,
-        BLOCK_K=block_k, BLOCK_R=block_r, num_stages=3,
-    )  # fmt: skip
-    _lora_head_gate_expand_split_kernel[(blocks, count)](
-        part, lora_b, out, *common, batch_info.scalings, n, part.stride(0),
-        lora_b.stride(0), lora_b.stride(1), out.stride(0), SPLIT_K=split_k,
-        BLOCK_M=block_m, BLOCK_R=block_r, BLOCK_N=block_n,
+    _lora_head_gate_delta_split_kernel[(blocks * split_k, count)](
+        x, lora_a, lora_b, out, part, _counters(blocks * count, x.device),
+        *common, batch_info.scalings, k, n, k_split, x.stride(0),
+        lora_a.stride(0), lora_a.stride(1), lora_b.stride(0), lora_b.stride(1),
+        out.stride(0), part.stride(0), SPLIT_K=split_k, BLOCK_M=block_m,
+        BLOCK_K=block_k, BLOCK_R=block_r, BLOCK_N=block_n, num_stages=3,
     )  # fmt: skip
     return out
 
@@ -429,28 +370,33 @@ def lora_head_gate(
     block_m: int | None = None,
     block_k: int | None = None,
     split_k: int | None = None,
-    num_stages: int = 3,
 ) -> torch.Tensor:
     """The whole head gate ``x Wᵀ + s·(x Aᵀ) Bᵀ`` (fp32, tokens x N) in one
     launch that reads x once. Rows of requests without an adapter and graph
     padding rows get x Wᵀ from this kernel, not cuBLAS: use it only when every
-    request has an adapter if those rows must match a server without LoRA."""
+    request has an adapter if those rows must match a server without LoRA.
+    Arguments as add_lora_head_gate_delta_'s, weight: (N, K) in x's dtype."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    assert weight.stride(-1) == 1 and lora_a.stride(-1) == 1 and lora_b.stride(-1) == 1
     tokens, k = x.shape
     n = weight.shape[0]
-    assert x.stride(-1) == 1 and weight.stride(-1) == 1 and lora_a.stride(-1) == 1
     seg_indptr, weight_indices, count, _ = request_segments(batch_info)
     out = torch.empty((tokens, n), dtype=torch.float32, device=x.device)
     if tokens == 0:
         return out
-    # 32-row tiles for short prompts, 64 (fewer re-reads of W and A) from 2048
-    # tokens; split K until ~128 programs share the work.
-    block_m = block_m or (32 if tokens < 2048 else 64)
     block_r = max(16, triton.next_power_of_2(lora_a.shape[1]))
     block_n = max(16, triton.next_power_of_2(n))
     block_k = block_k or 128
+    # Tiles as measured best on the H200 (benchmark/dsa_head_gate_kernel_sweep.py,
+    # 512-8192 tokens): 64-row tiles from 2048 tokens (fewer re-reads of W and
+    # A), below that 32 rows (16 for pools of rank > 16); K split so that ~128
+    # programs share the work (~256 for rank 16 from 4096 tokens).
+    block_m = block_m or (64 if tokens >= 2048 else 32 if block_r <= 16 else 16)
     row_blocks = triton.cdiv(tokens, block_m)
     if split_k is None:
-        split_k = min(16, triton.next_power_of_2(triton.cdiv(128, row_blocks)))
+        programs = 256 if block_r <= 16 and tokens >= 4096 else 128
+        split_k = min(16, triton.next_power_of_2(triton.cdiv(programs, row_blocks)))
     k_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     part = part_r = out
     if split_k > 1:
@@ -464,6 +410,6 @@ def lora_head_gate(
         tokens, k, n, k_split, x.stride(0), weight.stride(0), lora_a.stride(0),
         lora_a.stride(1), lora_b.stride(0), lora_b.stride(1), out.stride(0),
         part.stride(0), part_r.stride(0), SPLIT_K=split_k, BLOCK_M=block_m,
-        BLOCK_K=block_k, BLOCK_R=block_r, BLOCK_N=block_n, num_stages=num_stages,
+        BLOCK_K=block_k, BLOCK_R=block_r, BLOCK_N=block_n, num_stages=3,
     )  # fmt: skip
     return out

@@ -37,7 +37,7 @@ VARIANTS = {
     # one-launch path longer prompts take.
     "split-auto": {},
     "split-1": {"kernel_kwargs": {"split_k": 1}},
-    "split-4-one-launch": {"kernel_kwargs": {"split_k": 4, "one_launch": True}},
+    "split-4": {"kernel_kwargs": {"split_k": 4}},
     # The whole gate (base + delta) in one launch, split K and not.
     "full-split-auto": {"full": True},
     "full-split-1": {"full": True, "kernel_kwargs": {"split_k": 1}},

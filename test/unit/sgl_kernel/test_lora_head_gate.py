@@ -2,7 +2,7 @@
 fp32 base) in Triton's CPU interpreter, on batch info from sglang's own csgmv and
 Triton LoRA backends (eager and prefill-graph buffers, two adapters of different ranks, requests without one, graph padding rows),
 against the fp32 reference x Wᵀ + s·(x Aᵀ) Bᵀ: the delta into a given base
-(split-K reduced by a second launch or in the same one) and the whole gate
+(K split or not) and the whole gate
 (base and delta from one read of x)."""
 
 import json
@@ -32,7 +32,7 @@ def results():
 
 
 VARIANTS = (
-    "split-auto", "split-1", "split-4-one-launch", "full-split-auto", "full-split-1"
+    "split-auto", "split-1", "split-4", "full-split-auto", "full-split-1"
 )
 
 
