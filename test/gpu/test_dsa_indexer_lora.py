@@ -182,8 +182,17 @@ def _start_engine_without_graphfix(engine_kwargs: dict, timeout: int = 900) -> N
         raise EngineStartupError(f"exit code {proc.returncode}:\n{output}")
 
 
-def _counts(batch_result):
-    return batch_result[0]["probe_counts"].get(COUNTER, 0)
+def _counts(batch_result, counter=COUNTER):
+    return batch_result[0]["probe_counts"].get(counter, 0)
+
+
+def _kernels(after, before):
+    """Launches of sgl-kernel's whole-gate and delta kernels between two batch
+    results of one engine."""
+    return {
+        key: _counts(after, counter) - _counts(before, counter)
+        for key, counter in (("full", "dsa_lora_full_gate"), ("delta", "dsa_lora_delta"))
+    }
 
 
 def _first_step_diffs(a, b):
@@ -216,7 +225,8 @@ def graph_run(dsa_paths):
     batches = [WARMUP, *WITH.values(), WITHOUT, MIXED, *ALONE]
     results = run_engine(_engine_kwargs(*dsa_paths, _graph_prefill()), batches, env=ENV)
     run = dict(zip(names, results))
-    run["alone"] = [r[0] for r in results[len(names) :]]
+    run["alone_results"] = results[len(names) :]
+    run["alone"] = [r[0] for r in run["alone_results"]]
     run["before"] = before
     return run
 
@@ -312,6 +322,15 @@ def test_breakable_prefill_graph_matches_eager_with_adapters(graph_run, eager_ru
                 )
                 for name in ADAPTERS
             },
+            # Every request with an adapter: the whole-gate kernel, per layer.
+            "graph_kernels": {
+                name: _kernels(graph_run[f"with_{name}"], previous)
+                for name, previous in zip(
+                    ADAPTERS,
+                    [graph_run["warmup"]]
+                    + [graph_run[f"with_{n}"] for n in list(ADAPTERS)[:-1]],
+                )
+            },
             "graph_seconds": {
                 n: graph_run[f"with_{n}"][0]["seconds"] for n in ADAPTERS
             },
@@ -321,6 +340,8 @@ def test_breakable_prefill_graph_matches_eager_with_adapters(graph_run, eager_ru
         },
     )
     assert not mismatches, per_adapter
+    first = _kernels(graph_run[f"with_{next(iter(ADAPTERS))}"], graph_run["warmup"])
+    assert first["full"] >= NUM_LAYERS and first["delta"] == 0, first
     for name, report in per_adapter.items():
         # Splits only at near ties, and rarely: most steps are really compared.
         assert report["compared_steps"] >= total // 2, (name, report)
@@ -368,6 +389,10 @@ def test_mixed_batch_gives_each_request_its_own_output(graph_run):
     ]
     control = compare(swapped, mixed, tol=TOL)
     gate_calls = _counts(mixed) - _counts(graph_run["without"])
+    # A request without an adapter: upstream's GEMM + the delta kernel. Alone,
+    # each adapter request is a batch of requests with adapters: whole gate.
+    mixed_kernels = _kernels(mixed, graph_run["without"])
+    alone_kernels = _kernels(graph_run["alone_results"][-1], mixed)
     write_result(
         "dsa_lora_mixed_batch",
         {
@@ -378,10 +403,16 @@ def test_mixed_batch_gives_each_request_its_own_output(graph_run):
             "first_step": _first_step_diffs(graph_run["alone"], mixed),
             "control_swapped_adapters": control,
             "mixed_batch_head_gate_calls": gate_calls,
+            "mixed_batch_kernels": mixed_kernels,
+            "alone_kernels": alone_kernels,
         },
     )
     # The three requests were prefilled together, through the graph's split op.
     assert gate_calls == NUM_LAYERS, gate_calls
+    assert mixed_kernels == {"full": 0, "delta": NUM_LAYERS}, mixed_kernels
+    adapter_requests = sum(lora is not None for lora in MIXED_LORAS)
+    assert alone_kernels["full"] >= adapter_requests * NUM_LAYERS, alone_kernels
+    assert alone_kernels["delta"] == 0, alone_kernels
     assert not report["mismatches"], report
     assert report["compared_steps"] >= len(MIXED_LORAS) * MAX_NEW_TOKENS // 2, report
     assert control["mismatches"], f"swapped adapters would pass: {control}"

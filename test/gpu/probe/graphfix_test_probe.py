@@ -8,6 +8,9 @@ Counts, in files under GRAPHFIX_PROBE_DIR (one byte per event):
   dsa_lora_head_gate                     Indexer._get_logits_head_gate with a
                                          LoRA-owned weights_proj (only the graph
                                          split op calls it so)
+  dsa_lora_full_gate / dsa_lora_delta    which sgl-kernel kernel that gate ran:
+                                         the whole gate (every request with an
+                                         adapter) or the delta on cuBLAS
   graphfix_absent / graphfix_present     with GRAPHFIX_PROBE_UPSTREAM=1: whether
                                          this process runs without sglang-graphfix
                                          (the upstream baseline)
@@ -63,6 +66,22 @@ def register():
         return gate(self, x, q_scale)
 
     Indexer._get_logits_head_gate = counted_gate
+
+    from sglang_graphfix.srt.layers.attention.dsa import dsa_indexer as gate_module
+
+    for name, counter in (
+        ("lora_head_gate", "dsa_lora_full_gate"),
+        ("add_lora_head_gate_delta_", "dsa_lora_delta"),
+    ):
+        setattr(gate_module, name, _counted(getattr(gate_module, name), counter))
+
+
+def _counted(fn, counter):
+    def counted(*args, **kwargs):
+        _bump(counter)
+        return fn(*args, **kwargs)
+
+    return counted
 
 
 def _counted_fill(fill, family, wrong_state):
