@@ -193,3 +193,15 @@ CASES = dict(
     for graph in (False, True)
     for max_rank in (16, 64)
 )
+
+
+# The kernel calls each case runs: the delta into a given base (split-K chosen,
+# none, 4; short batches split by default, split_k=1 is what long prompts take)
+# and the whole gate (base + delta), split K and not.
+VARIANTS = {
+    "split-auto": {},
+    "split-1": {"kernel_kwargs": {"split_k": 1}},
+    "split-4": {"kernel_kwargs": {"split_k": 4}},
+    "full-split-auto": {"full": True},
+    "full-split-1": {"full": True, "kernel_kwargs": {"split_k": 1}},
+}

@@ -8,7 +8,7 @@ runs in Triton's interpreter (test/unit/sgl_kernel)."""
 import pytest
 import torch
 from engine_utils import write_result
-from lora_head_gate_cases import case, run
+from lora_head_gate_cases import VARIANTS, case, run
 
 from sglang.kernels.ops.lora.dense import chunked_sgmv_shrink
 
@@ -21,17 +21,6 @@ CASES = dict(
     for max_rank in (16, 64)
 )
 RESULTS = {}
-
-
-# The delta into the cuBLAS base (split-K: auto, none, 4) and the whole gate
-# (base + delta).
-VARIANTS = {
-    "split-auto": {},
-    "split-1": {"kernel_kwargs": {"split_k": 1}},
-    "split-4": {"kernel_kwargs": {"split_k": 4}},
-    "full-split-auto": {"full": True},
-    "full-split-1": {"full": True, "kernel_kwargs": {"split_k": 1}},
-}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

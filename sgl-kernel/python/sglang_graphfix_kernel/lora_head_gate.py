@@ -50,6 +50,17 @@ def _segment_rows(
 
 
 @triton.jit
+def _a_tile_ptrs(a_ptr, lora, offs_r, offs_k, stride_a_lora, stride_a_rank):
+    """Pointers to the (K x rank) tile of adapter ``lora``'s A at offs_k."""
+    return (
+        a_ptr
+        + lora.to(tl.int64) * stride_a_lora
+        + offs_r[None, :] * stride_a_rank
+        + offs_k[:, None]
+    )
+
+
+@triton.jit
 def _shrink(
     x_ptr, a_ptr, rows, row_ok, lora, rank, k_begin, k_end, stride_x,
     stride_a_lora, stride_a_rank,
@@ -59,12 +70,7 @@ def _shrink(
     offs_k = k_begin + tl.arange(0, BLOCK_K)
     offs_r = tl.arange(0, BLOCK_R)
     x_ptrs = x_ptr + rows[:, None] * stride_x + offs_k[None, :]
-    a_ptrs = (
-        a_ptr
-        + lora.to(tl.int64) * stride_a_lora
-        + offs_r[None, :] * stride_a_rank
-        + offs_k[:, None]
-    )
+    a_ptrs = _a_tile_ptrs(a_ptr, lora, offs_r, offs_k, stride_a_lora, stride_a_rank)
     acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
         k_ok = offs_k < k_end - (k0 - k_begin)
@@ -227,12 +233,7 @@ def _lora_head_gate_kernel(
         offs_n = tl.arange(0, BLOCK_N)
         x_ptrs = x_ptr + rows[:, None] * stride_x + offs_k[None, :]
         w_ptrs = w_ptr + offs_n[None, :] * stride_w + offs_k[:, None]
-        a_ptrs = (
-            a_ptr
-            + lora.to(tl.int64) * stride_a_lora
-            + offs_r[None, :] * stride_a_rank
-            + offs_k[:, None]
-        )
+        a_ptrs = _a_tile_ptrs(a_ptr, lora, offs_r, offs_k, stride_a_lora, stride_a_rank)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_r = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
         for k0 in range(k_begin, k_end, BLOCK_K):

@@ -30,18 +30,7 @@ def _unpinned(factory):
 for _name in ("tensor", "zeros", "empty", "arange"):
     setattr(torch, _name, _unpinned(getattr(torch, _name)))
 
-from lora_head_gate_cases import CASES, run  # noqa: E402
-
-VARIANTS = {
-    # These short batches take the split-K path by default; split_k=1 is the
-    # one-launch path longer prompts take.
-    "split-auto": {},
-    "split-1": {"kernel_kwargs": {"split_k": 1}},
-    "split-4": {"kernel_kwargs": {"split_k": 4}},
-    # The whole gate (base + delta) in one launch, split K and not.
-    "full-split-auto": {"full": True},
-    "full-split-1": {"full": True, "kernel_kwargs": {"split_k": 1}},
-}
+from lora_head_gate_cases import CASES, VARIANTS, run  # noqa: E402
 
 if __name__ == "__main__":
     # K=1100: several K tiles and a tail.

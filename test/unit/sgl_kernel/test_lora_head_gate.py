@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from lora_head_gate_cases import VARIANTS
 
 SCRIPT = Path(__file__).with_name("interpret_lora_head_gate.py")
 
@@ -29,11 +30,6 @@ def results():
         check=True,
     )
     return {r["case"]: r for r in map(json.loads, run.stdout.splitlines())}
-
-
-VARIANTS = (
-    "split-auto", "split-1", "split-4", "full-split-auto", "full-split-1"
-)
 
 
 def test_every_case_ran(results):
