@@ -1,14 +1,16 @@
-"""sgl-kernel's fused LoRA head-gate delta on the H200, bf16, at DeepSeek-V3.2's
+"""sgl-kernel's LoRA head-gate kernels (the delta on cuBLAS, the whole gate) on the H200, bf16, at DeepSeek-V3.2's
 indexer shapes (hidden 7168, 64 index heads; pool max rank 16 and 64), on the
 batch info sglang's csgmv and triton LoRA backends prepare (eager and
 prefill-graph buffers): against the fp32 reference and against sglang's own
 shrink + expand kernels on the same batch info. The CPU version of these cases
-runs in Triton's interpreter (test/unit/sgl_kernel)."""
+runs in Triton's interpreter (test/unit/sgl_kernel). Split K is checked to be
+deterministic (the same bits over 50 launches)."""
 
 import pytest
 import torch
 from engine_utils import write_result
-from lora_head_gate_cases import VARIANTS, case, run
+from lora_head_gate_cases import VARIANTS, case, prepare, run
+from sglang_graphfix_kernel.lora_head_gate import add_lora_head_gate_delta_, lora_head_gate
 
 from sglang.kernels.ops.lora.dense import chunked_sgmv_shrink
 
@@ -47,3 +49,37 @@ def test_fused_delta_matches_reference_and_sglang(name, variant):
     else:
         assert r["other_rows_bit_identical"], r
     assert r["swapped_adapters_max_rel_error"] > 0.1, r
+
+
+@pytest.mark.parametrize("kernel", ["delta", "whole_gate"])
+def test_split_k_is_deterministic(kernel):
+    """Split K sums its partials in split order whichever program finishes a row
+    tile last: 50 launches give the same bits. Control (whole gate, whose fp32
+    base sums reach the output): another split count, another summation order,
+    changes bits, so the comparison can fail. The delta rounds x Aᵀ to bf16,
+    which hides most order changes: there the test catches races (a stale
+    partial), not reordering."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(512, 7168, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(64, 7168, device="cuda", generator=g) * 0.02).bfloat16()
+    a = (torch.randn(3, 16, 7168, device="cuda", generator=g) / 7168**0.5).bfloat16()
+    b = (torch.randn(3, 64, 16, device="cuda", generator=g) * 0.1).bfloat16()
+    info = prepare("triton", False, [(512, 1)], {1: (16, 2.0)}, device="cuda")
+    info = info.get_batch_info()
+    base = torch.mm(x, w.t(), out_dtype=torch.float32)
+
+    def gate(split_k):
+        if kernel == "delta":
+            return add_lora_head_gate_delta_(base.clone(), x, a, b, info, split_k=split_k)
+        return lora_head_gate(x, w, a, b, info, split_k=split_k)
+
+    first = gate(8)
+    differing = sum(not torch.equal(gate(8), first) for _ in range(50))
+    other_order = not torch.equal(gate(4), first)
+    write_result(
+        f"lora_head_gate_split_k_determinism_{kernel}",
+        {"launches": 50, "differing": differing, "split4_differs_from_split8": other_order},
+    )
+    assert differing == 0
+    if kernel == "whole_gate":
+        assert other_order
