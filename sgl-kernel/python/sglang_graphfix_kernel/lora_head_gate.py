@@ -85,30 +85,41 @@ def _shrink(
 
 
 @triton.jit
-def _expand_add(
-    shrink, b_ptr, out_ptr, scalings_ptr, rows, row_ok, lora, rank, N,
-    stride_b_lora, stride_b_out, stride_out,
+def _expand(
+    shrink, b_ptr, scalings_ptr, lora, rank, N, stride_b_lora, stride_b_out,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """out[rows] += scaling · shrink (rounded to B's dtype, as sglang's
-    kernels round x Aᵀ) · Bᵀ."""
+    """scaling · shrink (rounded to B's dtype, as sglang's kernels round x Aᵀ) ·
+    Bᵀ, fp32."""
     offs_r = tl.arange(0, BLOCK_R)
     offs_n = tl.arange(0, BLOCK_N)
-    n_ok = offs_n < N
     b_ptrs = (
         b_ptr
         + lora.to(tl.int64) * stride_b_lora
         + offs_n[None, :] * stride_b_out
         + offs_r[:, None]
     )
-    b_mask = (offs_r < rank)[:, None] & n_ok[None, :]
+    b_mask = (offs_r < rank)[:, None] & (offs_n < N)[None, :]
     b_tile = tl.load(b_ptrs, mask=b_mask, other=0.0)
-    delta = tl.dot(shrink.to(b_tile.dtype), b_tile)
-    scaling = tl.load(scalings_ptr + lora)
+    return tl.load(scalings_ptr + lora) * tl.dot(shrink.to(b_tile.dtype), b_tile)
+
+
+@triton.jit
+def _expand_add(
+    shrink, b_ptr, out_ptr, scalings_ptr, rows, row_ok, lora, rank, N,
+    stride_b_lora, stride_b_out, stride_out,
+    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """out[rows] += _expand(shrink)."""
+    delta = _expand(
+        shrink, b_ptr, scalings_ptr, lora, rank, N, stride_b_lora, stride_b_out,
+        BLOCK_R, BLOCK_N,
+    )  # fmt: skip
+    offs_n = tl.arange(0, BLOCK_N)
     out_ptrs = out_ptr + rows[:, None] * stride_out + offs_n[None, :]
-    out_mask = row_ok[:, None] & n_ok[None, :]
+    out_mask = row_ok[:, None] & (offs_n < N)[None, :]
     base = tl.load(out_ptrs, mask=out_mask, other=0.0)
-    tl.store(out_ptrs, base + scaling * delta, mask=out_mask)
+    tl.store(out_ptrs, base + delta, mask=out_mask)
 
 
 @triton.jit
@@ -263,15 +274,13 @@ def _lora_head_gate_kernel(
                 )
                 tl.atomic_xchg(counter_ptr + tile, 0)
         if is_last:
-            out_ptrs = out_ptr + rows[:, None] * stride_out + offs_n[None, :]
-            out_mask = row_ok[:, None] & (offs_n < N)[None, :]
-            tl.store(out_ptrs, acc, mask=out_mask)
             if rank > 0:
-                _expand_add(
-                    acc_r, b_ptr, out_ptr, scalings_ptr, rows, row_ok, lora,
-                    rank, N, stride_b_lora, stride_b_out, stride_out, BLOCK_R,
-                    BLOCK_N,
+                acc += _expand(
+                    acc_r, b_ptr, scalings_ptr, lora, rank, N, stride_b_lora,
+                    stride_b_out, BLOCK_R, BLOCK_N,
                 )  # fmt: skip
+            out_ptrs = out_ptr + rows[:, None] * stride_out + offs_n[None, :]
+            tl.store(out_ptrs, acc, mask=row_ok[:, None] & (offs_n < N)[None, :])
 
 
 _COUNTERS: dict = {}
