@@ -229,7 +229,7 @@ def _lora_head_gate_kernel(
     block, split = tl.program_id(0) // SPLIT_K, tl.program_id(0) % SPLIT_K
     segment = tl.program_id(1)
     is_req = segment < count
-    lora = tl.load(weight_indices_ptr + tl.minimum(segment, count - 1))
+    lora = tl.load(weight_indices_ptr + segment, mask=is_req, other=0)
     rank = tl.where(is_req, tl.load(lora_ranks_ptr + lora), 0)
     start = tl.load(seg_indptr_ptr + segment)
     end = tl.where(is_req, tl.load(seg_indptr_ptr + segment + 1, mask=is_req), T)
@@ -284,14 +284,18 @@ def _lora_head_gate_kernel(
 
 
 _COUNTERS: dict = {}
+_OUTGROWN: list = []
 
 
 def _counters(n: int, device: torch.device) -> torch.Tensor:
     """Zeroed split-K counters, one buffer per device: every launch leaves the
     counts it used at zero again (launches on one device must not overlap, as
-    on sglang's forward stream)."""
+    on sglang's forward stream). An outgrown buffer is kept alive: a captured
+    CUDA graph may still point at it."""
     buf = _COUNTERS.get(device)
     if buf is None or buf.numel() < n:
+        if buf is not None:
+            _OUTGROWN.append(buf)
         buf = _COUNTERS[device] = torch.zeros(
             max(n, 4096), dtype=torch.int32, device=device
         )
