@@ -33,6 +33,7 @@ from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph impo
     get_tc_piecewise_forward_context,
     is_in_tc_piecewise_cuda_graph,
 )
+from sglang.srt.runtime_context import get_context, get_exec
 
 _LORA = "DSA indexer LoRA on indexer.weights_proj"
 _DROP = "or drop weights_proj from --lora-target-modules."
@@ -81,7 +82,9 @@ def lora_head_gate_logits(indexer, x: torch.Tensor) -> torch.Tensor:
     read of x (lora_head_gate). Otherwise upstream's fp32 base GEMM, then the
     delta for the rows of requests with an adapter, so rows without one keep
     that GEMM bit for bit: one fused launch on sglang's dense LoRA backends
-    (csgmv, triton), elsewhere the backend's own kernels."""
+    (csgmv, triton), elsewhere the backend's own kernels. Under
+    --enable-deterministic-inference always the latter: a request's gate must
+    not depend on what else is in its batch."""
     layer = indexer.weights_proj  # ReplicatedLinearWithLoRA
     if not dsa_indexer._is_cuda:
         # Off CUDA upstream's base projection is the module call itself, which
@@ -92,10 +95,22 @@ def lora_head_gate_logits(indexer, x: torch.Tensor) -> torch.Tensor:
         base = indexer._weights_proj_bf16_in_fp32_out(x)
         return add_delta_with_lora_backend(layer, x, base)
     batch_info = backend.get_batch_info()
-    if every_request_has_adapter() and layer.weight.dtype == x.dtype:
+    if (
+        every_request_has_adapter()
+        and not deterministic_inference()
+        and layer.weight.dtype == x.dtype
+    ):
         return lora_head_gate(x, layer.weight, layer.lora_a, layer.lora_b, batch_info)
     base = indexer._weights_proj_bf16_in_fp32_out(x)
     return add_lora_head_gate_delta_(base, x, layer.lora_a, layer.lora_b, batch_info)
+
+
+def deterministic_inference() -> bool:
+    """--enable-deterministic-inference; False where no server config is
+    published (the gate driven directly, as in the benchmarks)."""
+    return get_context().is_config_namespace_published("exec") and bool(
+        get_exec().deterministic.enable_deterministic_inference
+    )
 
 
 def every_request_has_adapter() -> bool:

@@ -589,6 +589,31 @@ def test_head_gate_with_a_request_without_adapter_keeps_upstreams_gemm(lora_ids)
     _assert_gate(gate, x, q_scale)
 
 
+def test_deterministic_inference_keeps_upstreams_gemm(monkeypatch):
+    """--enable-deterministic-inference: a request's gate must not depend on its
+    batch, so even a batch where every request has an adapter takes upstream's
+    GEMM + the delta (the path of a mixed batch)."""
+    assert not ours.deterministic_inference()  # no server config published
+    published = SimpleNamespace(is_config_namespace_published=lambda name: True)
+    monkeypatch.setattr(ours, "get_context", lambda: published)
+    monkeypatch.setattr(
+        ours,
+        "get_exec",
+        lambda: SimpleNamespace(
+            deterministic=SimpleNamespace(enable_deterministic_inference=True)
+        ),
+    )
+    requests = ALL_ADAPTER_REQUESTS
+    indexer = _indexer(_lora_weights_proj(_weights_proj(), requests=requests))
+    x, _, _ = _inputs()
+
+    with _split_op_context(_lora_ids(requests)):
+        indexer._get_logits_head_gate(x, _q_scale())
+
+    assert not FULL_GATE_CALLS
+    assert indexer.fp32_gemm_calls == 1 and len(FUSED_DELTA_CALLS) == 1
+
+
 def test_every_request_has_adapter_reads_the_split_op_batch():
     assert not ours.every_request_has_adapter()  # no prefill-graph context
     with _split_op_context(["a", "b"]):
