@@ -21,6 +21,7 @@ Writes $OUT/dsa_head_gate_kernel_sweep.json, else benchmark/results/.
 import json
 import os
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -45,6 +46,18 @@ FULL_CONFIGS = (
     + [{"block_m": 16, "block_k": 128, "split_k": sk} for sk in (4, 8, 16)]
     + [{"block_m": 64, "block_k": 64, "split_k": sk} for sk in (1, 4)]
 )
+
+
+def _provenance() -> str:
+    """The commit this sweep ran (its heuristics are the 'default' rows)."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+            text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        commit = "not recorded (no git checkout)"
+    return f"commit {commit}; 'default' is that commit's heuristic"
 
 
 def _name(config) -> str:
@@ -147,7 +160,11 @@ def main() -> None:
     out = Path(os.environ.get("OUT") or ROOT / "benchmark" / "results")
     out.mkdir(parents=True, exist_ok=True)
     (out / "dsa_head_gate_kernel_sweep.json").write_text(
-        json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=2) + "\n"
+        json.dumps(
+            {"provenance": _provenance(), "device": torch.cuda.get_device_name(), "rows": rows},
+            indent=2,
+        )
+        + "\n"
     )
 
 

@@ -218,17 +218,23 @@ def _dsa_kernel_sweep() -> list:
     sweep = json.loads(path.read_text())
     rows = [
         "",
-        f"The gate's kernels alone (`benchmark/dsa_head_gate_kernel_sweep.py`, {sweep['device']}, GPU time of 20 calls in one CUDA graph, triton batch info, one request per 2048 tokens, every request with the adapter; {sweep['provenance']}); µs:",
+        f"The gate's kernels alone (`benchmark/dsa_head_gate_kernel_sweep.py`, {sweep['device']}, GPU time of 20 calls in one CUDA graph, triton batch info, one request per 2048 tokens, every request with the adapter; {sweep.get('provenance', 'commit not recorded')}); µs:",
         "",
         "| rank | tokens | base GEMM (cuBLAS, no LoRA) | + delta, best tiles | whole gate, best tiles | whole gate, that commit's heuristic | best whole-gate tiles |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
+    def us(ms):
+        return "failed" if ms is None else f"{1000 * ms:.1f}"
+
     for r in sweep["rows"]:
-        us = lambda ms: f"{1000 * ms:.1f}"  # noqa: E731
-        delta = r["best_delta_ms"][0] - r["base_copy_ms"]  # timed with a copy of the base
+        best_delta, best_full = r["best_delta_ms"], r["best_full_gate_ms"]
+        # The delta was timed with a copy of the base before it.
+        delta = None if best_delta is None else best_delta[0] - r["base_copy_ms"]
         rows.append(
-            f"| {r['rank']} | {r['tokens']} | {us(r['base_gemm_ms'])} | {us(r['base_gemm_ms'] + delta)} | "
-            f"{us(r['best_full_gate_ms'][0])} | {us(r['full_gate_ms']['default']['ms'])} | {r['best_full_gate_ms'][1]} |"
+            f"| {r['rank']} | {r['tokens']} | {us(r['base_gemm_ms'])} | "
+            f"{us(None if delta is None else r['base_gemm_ms'] + delta)} | "
+            f"{us(best_full and best_full[0])} | {us(r['full_gate_ms']['default'].get('ms'))} | "
+            f"{best_full[1] if best_full else '-'} |"
         )
     return rows
 
