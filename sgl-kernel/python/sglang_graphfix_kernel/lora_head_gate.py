@@ -123,30 +123,6 @@ def _expand_add(
 
 
 @triton.jit
-def _lora_head_gate_delta_kernel(
-    x_ptr, a_ptr, b_ptr, out_ptr, seg_indptr_ptr, weight_indices_ptr,
-    lora_ranks_ptr, scalings_ptr, K, N, stride_x, stride_a_lora, stride_a_rank,
-    stride_b_lora, stride_b_out, stride_out,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    """One program per BLOCK_M rows of a request: shrink over all of K, expand,
-    add."""
-    rows, row_ok, lora, rank, active = _segment_rows(
-        seg_indptr_ptr, weight_indices_ptr, lora_ranks_ptr, tl.program_id(0), BLOCK_M
-    )
-    if active:
-        shrink = _shrink(
-            x_ptr, a_ptr, rows, row_ok, lora, rank, 0, K, stride_x,
-            stride_a_lora, stride_a_rank, BLOCK_M, BLOCK_K, BLOCK_R,
-        )  # fmt: skip
-        _expand_add(
-            shrink, b_ptr, out_ptr, scalings_ptr, rows, row_ok, lora, rank, N,
-            stride_b_lora, stride_b_out, stride_out, BLOCK_R, BLOCK_N,
-        )  # fmt: skip
-
-
-@triton.jit
 def _store_partial(acc, part_ptr, rows, row_ok, split, stride_part, WIDTH: tl.constexpr):
     offs = tl.arange(0, WIDTH)
     ptrs = part_ptr + split * stride_part + rows[:, None] * WIDTH + offs[None, :]
@@ -181,7 +157,7 @@ def _is_last_split(counter_ptr, SPLIT_K: tl.constexpr):
 
 
 @triton.jit
-def _lora_head_gate_delta_split_kernel(
+def _lora_head_gate_delta_kernel(
     x_ptr, a_ptr, b_ptr, out_ptr, part_ptr, counter_ptr, seg_indptr_ptr,
     weight_indices_ptr, lora_ranks_ptr, scalings_ptr, K, N, K_SPLIT, stride_x,
     stride_a_lora, stride_a_rank, stride_b_lora, stride_b_out, stride_out,
@@ -189,7 +165,9 @@ def _lora_head_gate_delta_split_kernel(
     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """Split-K delta in one launch (_is_last_split)."""
+    """One program per BLOCK_M rows of a request and K_SPLIT columns of K:
+    shrink, then (split K: by the row tile's last split, _is_last_split)
+    expand and add."""
     block, split = tl.program_id(0) // SPLIT_K, tl.program_id(0) % SPLIT_K
     rows, row_ok, lora, rank, active = _segment_rows(
         seg_indptr_ptr, weight_indices_ptr, lora_ranks_ptr, block, BLOCK_M
@@ -201,13 +179,17 @@ def _lora_head_gate_delta_split_kernel(
             tl.minimum(K, k_begin + K_SPLIT), stride_x, stride_a_lora,
             stride_a_rank, BLOCK_M, BLOCK_K, BLOCK_R,
         )  # fmt: skip
-        tile = tl.program_id(1) * (tl.num_programs(0) // SPLIT_K) + block
-        _store_partial(shrink, part_ptr, rows, row_ok, split, stride_part, BLOCK_R)
-        if _is_last_split(counter_ptr + tile, SPLIT_K):
-            shrink = _sum_partials(
-                part_ptr, rows, row_ok, stride_part, SPLIT_K, BLOCK_M, BLOCK_R
-            )
-            tl.atomic_xchg(counter_ptr + tile, 0)
+        is_last = True
+        if SPLIT_K > 1:
+            tile = tl.program_id(1) * (tl.num_programs(0) // SPLIT_K) + block
+            _store_partial(shrink, part_ptr, rows, row_ok, split, stride_part, BLOCK_R)
+            is_last = _is_last_split(counter_ptr + tile, SPLIT_K)
+            if is_last:
+                shrink = _sum_partials(
+                    part_ptr, rows, row_ok, stride_part, SPLIT_K, BLOCK_M, BLOCK_R
+                )
+                tl.atomic_xchg(counter_ptr + tile, 0)
+        if is_last:
             _expand_add(
                 shrink, b_ptr, out_ptr, scalings_ptr, rows, row_ok, lora, rank,
                 N, stride_b_lora, stride_b_out, stride_out, BLOCK_R, BLOCK_N,
@@ -353,23 +335,19 @@ def add_lora_head_gate_delta_(
         deep = min(512, 1 << (32768 // (block_m + block_r)).bit_length() - 1)
         block_k = 128 if split_k > 1 else deep
     blocks = triton.cdiv(min(max_rows or tokens, tokens), block_m)
-    common = (seg_indptr, weight_indices, batch_info.lora_ranks)
-    if split_k == 1:
-        _lora_head_gate_delta_kernel[(blocks, count)](
-            x, lora_a, lora_b, out, *common, batch_info.scalings, k, n,
-            x.stride(0), lora_a.stride(0), lora_a.stride(1), lora_b.stride(0),
-            lora_b.stride(1), out.stride(0), BLOCK_M=block_m, BLOCK_K=block_k,
-            BLOCK_R=block_r, BLOCK_N=block_n, num_stages=3,
-        )  # fmt: skip
-        return out
     k_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
-    part = torch.empty((split_k, tokens, block_r), dtype=torch.float32, device=x.device)
-    _lora_head_gate_delta_split_kernel[(blocks * split_k, count)](
+    part = out  # not read without split K
+    if split_k > 1:
+        part = torch.empty(
+            (split_k, tokens, block_r), dtype=torch.float32, device=x.device
+        )
+    _lora_head_gate_delta_kernel[(blocks * split_k, count)](
         x, lora_a, lora_b, out, part, _counters(blocks * count, x.device),
-        *common, batch_info.scalings, k, n, k_split, x.stride(0),
-        lora_a.stride(0), lora_a.stride(1), lora_b.stride(0), lora_b.stride(1),
-        out.stride(0), part.stride(0), SPLIT_K=split_k, BLOCK_M=block_m,
-        BLOCK_K=block_k, BLOCK_R=block_r, BLOCK_N=block_n, num_stages=3,
+        seg_indptr, weight_indices, batch_info.lora_ranks, batch_info.scalings,
+        k, n, k_split, x.stride(0), lora_a.stride(0), lora_a.stride(1),
+        lora_b.stride(0), lora_b.stride(1), out.stride(0), part.stride(0),
+        SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_K=block_k, BLOCK_R=block_r,
+        BLOCK_N=block_n, num_stages=3,
     )  # fmt: skip
     return out
 
