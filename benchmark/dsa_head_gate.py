@@ -11,12 +11,19 @@ backend's prepare_lora_batch into the static prefill-graph buffers, as in a
 breakable-graph replay, then has_active_lora and is_prefill as sglang's
 LoRAManager.prepare_lora_batch sets them), each call inside the prefill graph's
 forward context the split op runs in (its forward batch's lora_ids: which
-requests have an adapter). Five head gates per shape:
+requests have an adapter). Six head gates per shape:
   no_lora            upstream's gate (torch.compile'd: fp32 cuBLAS GEMM, scaling)
-  lora_adapter       the gate now, every request with the adapter: ONE Triton
-                     launch for base and delta from one read of x
-                     (sglang_graphfix_kernel lora_head_gate), then the compiled
-                     scaling (_scale_head_gates)
+  lora_adapter       the gate now, every request with the adapter (one adapter:
+                     a single-adapter deployment): upstream's fp32 cuBLAS GEMM on
+                     the adapter's merged weight W + s·B·A (built on the first
+                     call, then cached), then the compiled scaling
+                     (_scale_head_gates)
+  lora_adapter_whole_gate
+                     the same batch through the path of a batch where every
+                     request has an adapter but not the same one (its lora_ids
+                     name two; the kernel reads the batch info, this batch's):
+                     ONE Triton launch for base and delta from one read of x
+                     (sglang_graphfix_kernel lora_head_gate), then the scaling
   lora_adapter_gemm_plus_delta
                      the same batch through the path of a batch where some
                      request has no adapter (lora_ids do not say every request
@@ -60,9 +67,11 @@ L2 is not flushed (every variant alike: x is 7 MB at 512 tokens, 117 MB at 8192)
 
 Checks at 2048 tokens (4 requests of 512), on each backend and rank, against the
 fp32 reference x Wᵀ + s·(x Aᵀ) Bᵀ, as max |gate - reference| / max |reference|
-below 2e-2 (every kernel rounds x Aᵀ to bf16; an H200 run saw about 2e-3; the
-gate without the delta must be over 10x that far, an H200 run saw 0.4-0.75):
-every request with the adapter: lora_head_gate launched once, no delta kernel;
+below 2e-2 (every kernel rounds x Aᵀ to bf16, the merged weight is rounded to
+bf16; an H200 run saw about 2e-3; the gate without the delta must be over 10x
+that far, an H200 run saw 0.4-0.75): every request with the adapter: the
+merged-weight GEMM once, no LoRA kernel; the same batch named as on two
+adapters: lora_head_gate launched once, nothing else;
 the 1st and 3rd with it (mixed) and the unfused reference: adapter rows, other
 rows bit-identical to the gate without LoRA, the delta kernel launched once;
 with no request on an adapter the whole gate bit-identical to upstream's and
@@ -112,11 +121,14 @@ THROUGHPUT_CALLS = 50  # R
 VARIANTS = (
     "no_lora",
     "lora_adapter",
+    "lora_adapter_whole_gate",
     "lora_adapter_gemm_plus_delta",
     "lora_no_adapter",
     "unfused_reference",
 )
 PARTS = ("gate", "split_op_core")
+# lora_ids naming two adapters: the path of a batch on several adapters.
+SEVERAL_ADAPTERS = ["adapter", "another adapter"]
 
 
 def _indexer(weights_proj):
@@ -209,11 +221,16 @@ def unfused_reference_gate(indexer, x, q_scale):
 
 @contextlib.contextmanager
 def _counting_fused_kernel():
-    """Counts the gate's launches of sgl-kernel's two LoRA head-gate kernels (the
-    names the gate module binds): {"delta": [...], "full": [...]}."""
+    """Counts the gate's paths (the names the gate module binds): the merged-weight
+    GEMM and sgl-kernel's two LoRA head-gate kernels: {"merged": [...],
+    "delta": [...], "full": [...]}."""
     from sglang_graphfix.srt.layers.attention.dsa import dsa_indexer as gate_module
 
-    names = {"delta": "add_lora_head_gate_delta_", "full": "lora_head_gate"}
+    names = {
+        "merged": "bf16_gemm_fp32_out",
+        "delta": "add_lora_head_gate_delta_",
+        "full": "lora_head_gate",
+    }
     kernels = {key: getattr(gate_module, name) for key, name in names.items()}
     calls = {key: [] for key in names}
 
@@ -438,11 +455,11 @@ def _check(plain, lora_indexer, device, gen) -> dict:
     q_scale = torch.rand(sum(lens), N_HEADS, 1, generator=gen, device=device) + 0.5
     no_lora = in_split_op(None, plain._get_logits_head_gate, x, q_scale)
 
-    def gate(slots):
+    def gate(slots, lora_ids=None):
         """The LoRA gate on a batch of ``slots`` (0: no adapter), prepared and
         called as in the split op; (gate, launches, has_active_lora)."""
         _prepare(layer, lens, slots, rank)
-        lora_ids = [f"adapter{s}" if s else None for s in slots]
+        lora_ids = lora_ids or [f"adapter{s}" if s else None for s in slots]
         with _counting_fused_kernel() as launches:
             out = in_split_op(lora_ids, lora_indexer._get_logits_head_gate, x, q_scale)
         flag = layer.lora_backend.get_batch_info().has_active_lora
@@ -450,6 +467,7 @@ def _check(plain, lora_indexer, device, gen) -> dict:
 
     no_adapter, no_adapter_launches, no_adapter_flag = gate([0] * len(lens))
     every, every_launches, _ = gate([1] * len(lens))
+    whole, whole_launches, _ = gate([1] * len(lens), SEVERAL_ADAPTERS)
     fused, launches, mixed_flag = gate(slots)
     unfused = unfused_reference_gate(lora_indexer, x, q_scale)
 
@@ -475,18 +493,23 @@ def _check(plain, lora_indexer, device, gen) -> dict:
             "ok": error < CHECK_TOLERANCE and identical,
         }
 
-    every_error = float(
-        (every - every_reference).abs().max() / every_reference.abs().max()
-    )
+    def every_error(gate):
+        return float((gate - every_reference).abs().max() / every_reference.abs().max())
+
     result = {
         "backend": type(layer.lora_backend).__name__,
         "rank": rank,
         "tolerance": CHECK_TOLERANCE,
         "has_active_lora": {"mixed_batch": mixed_flag, "no_adapter_batch": no_adapter_flag},
         "lora_adapter": {
-            "max_rel_error": every_error,
-            "ok": every_error < CHECK_TOLERANCE,
+            "max_rel_error": every_error(every),
+            "ok": every_error(every) < CHECK_TOLERANCE,
             "launches": every_launches,
+        },
+        "lora_adapter_whole_gate": {
+            "max_rel_error": every_error(whole),
+            "ok": every_error(whole) < CHECK_TOLERANCE,
+            "launches": whole_launches,
         },
         "mixed_batch": {**verdict(fused), "launches": launches},
         "unfused_reference": verdict(unfused),
@@ -501,12 +524,14 @@ def _check(plain, lora_indexer, device, gen) -> dict:
     }
     result["pass"] = bool(
         result["lora_adapter"]["ok"]
-        and every_launches == {"delta": 0, "full": 1}
+        and every_launches == {"merged": 1, "delta": 0, "full": 0}
+        and result["lora_adapter_whole_gate"]["ok"]
+        and whole_launches == {"merged": 0, "delta": 0, "full": 1}
         and result["mixed_batch"]["ok"]
-        and launches == {"delta": 1, "full": 0}
+        and launches == {"merged": 0, "delta": 1, "full": 0}
         and result["unfused_reference"]["ok"]
         and result["lora_no_adapter"]["bit_identical_to_no_lora"]
-        and no_adapter_launches == {"delta": 0, "full": 0}
+        and no_adapter_launches == {"merged": 0, "delta": 0, "full": 0}
         and mixed_flag
         and not no_adapter_flag
         and result["bare_gate_rel_distance"] > 10 * CHECK_TOLERANCE
@@ -523,6 +548,9 @@ def _variants(plain, lora_indexer, lens, rank, x, q_scale, core) -> dict:
     gates = {
         "no_lora": (None, None, plain._get_logits_head_gate),
         "lora_adapter": (with_adapter, every, lora_indexer._get_logits_head_gate),
+        "lora_adapter_whole_gate": (
+            with_adapter, SEVERAL_ADAPTERS, lora_indexer._get_logits_head_gate
+        ),
         # lora_ids=None: the gate cannot tell every request has an adapter.
         "lora_adapter_gemm_plus_delta": (
             with_adapter, None, lora_indexer._get_logits_head_gate

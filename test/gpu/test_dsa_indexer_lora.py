@@ -11,8 +11,11 @@ default), indexer fusion off (the LoRA manager rejects indexer targets with it o
 Three engine starts:
   graph:    prefill graph left at sglang's default (breakable), sglang-graphfix
             loaded; a warm-up, the prompts with each adapter and without one, one
-            mixed batch (a request per adapter and one without) and each of its
-            requests alone.
+            mixed batch (a request per adapter and one without), one batch of a
+            request per adapter, and each request of the mixed batch alone. The
+            head gate takes each of its three paths: one adapter for every
+            request (merged weight), several (whole-gate kernel), a request
+            without one (GEMM + delta kernel).
   eager:    prefill graph disabled; the warm-up and the prompts with each adapter.
   baseline: the graph engine's arguments in a child process whose only plugin
             is the test probe in its upstream mode (it applies nothing and
@@ -94,6 +97,9 @@ WITHOUT = _batch(PROMPTS, None)
 MIXED_LORAS = ["wp", None, "full"]
 MIXED = _batch(PROMPTS[:3], MIXED_LORAS)
 ALONE = [_batch([p], lora) for p, lora in zip(PROMPTS, MIXED_LORAS)]
+# Every request on an adapter, two adapters (7100 tokens, bucket 8192): prompts 0
+# and 2 of the mixed batch, with their adapters.
+TWO_ADAPTERS = _batch([PROMPTS[0], PROMPTS[2]], ["wp", "full"])
 ENV = {"SGLANG_DISABLE_DSA_INDEXER_FUSION": "1"}
 # The baseline's plugins: not "graphfix", only the test probe, whose upstream
 # mode skips its usual sglang_graphfix.register() and records instead whether
@@ -187,11 +193,15 @@ def _counts(batch_result, counter=COUNTER):
 
 
 def _kernels(after, before):
-    """Launches of sgl-kernel's whole-gate and delta kernels between two batch
-    results of one engine."""
+    """The LoRA head gate's paths between two batch results of one engine:
+    merged-weight GEMMs, sgl-kernel's whole-gate and delta kernels."""
     return {
         key: _counts(after, counter) - _counts(before, counter)
-        for key, counter in (("full", "dsa_lora_full_gate"), ("delta", "dsa_lora_delta"))
+        for key, counter in (
+            ("merged", "dsa_lora_merged"),
+            ("full", "dsa_lora_full_gate"),
+            ("delta", "dsa_lora_delta"),
+        )
     }
 
 
@@ -221,8 +231,10 @@ def dsa_paths(tmp_path_factory):
 @pytest.fixture(scope="module")
 def graph_run(dsa_paths):
     before = probe_count(COUNTER)
-    names = ["warmup", *(f"with_{n}" for n in ADAPTERS), "without", "mixed"]
-    batches = [WARMUP, *WITH.values(), WITHOUT, MIXED, *ALONE]
+    names = [
+        "warmup", *(f"with_{n}" for n in ADAPTERS), "without", "mixed", "two_adapters"
+    ]  # fmt: skip
+    batches = [WARMUP, *WITH.values(), WITHOUT, MIXED, TWO_ADAPTERS, *ALONE]
     results = run_engine(_engine_kwargs(*dsa_paths, _graph_prefill()), batches, env=ENV)
     run = dict(zip(names, results))
     run["alone_results"] = results[len(names) :]
@@ -322,7 +334,7 @@ def test_breakable_prefill_graph_matches_eager_with_adapters(graph_run, eager_ru
                 )
                 for name in ADAPTERS
             },
-            # Every request with an adapter: the whole-gate kernel, per layer.
+            # Every request with the one adapter: the merged weight, per layer.
             "graph_kernels": {
                 name: _kernels(graph_run[f"with_{name}"], previous)
                 for name, previous in zip(
@@ -341,7 +353,7 @@ def test_breakable_prefill_graph_matches_eager_with_adapters(graph_run, eager_ru
     )
     assert not mismatches, per_adapter
     first = _kernels(graph_run[f"with_{next(iter(ADAPTERS))}"], graph_run["warmup"])
-    assert first["full"] >= NUM_LAYERS and first["delta"] == 0, first
+    assert first["merged"] >= NUM_LAYERS and first["full"] == first["delta"] == 0, first
     for name, report in per_adapter.items():
         # Splits only at near ties, and rarely: most steps are really compared.
         assert report["compared_steps"] >= total // 2, (name, report)
@@ -390,9 +402,9 @@ def test_mixed_batch_gives_each_request_its_own_output(graph_run):
     control = compare(swapped, mixed, tol=TOL)
     gate_calls = _counts(mixed) - _counts(graph_run["without"])
     # A request without an adapter: upstream's GEMM + the delta kernel. Alone,
-    # each adapter request is a batch of requests with adapters: whole gate.
+    # each adapter request is a batch on one adapter: the merged weight.
     mixed_kernels = _kernels(mixed, graph_run["without"])
-    alone_kernels = _kernels(graph_run["alone_results"][-1], mixed)
+    alone_kernels = _kernels(graph_run["alone_results"][-1], graph_run["two_adapters"])
     write_result(
         "dsa_lora_mixed_batch",
         {
@@ -409,12 +421,39 @@ def test_mixed_batch_gives_each_request_its_own_output(graph_run):
     )
     # The three requests were prefilled together, through the graph's split op.
     assert gate_calls == NUM_LAYERS, gate_calls
-    assert mixed_kernels == {"full": 0, "delta": NUM_LAYERS}, mixed_kernels
+    assert mixed_kernels == {"merged": 0, "full": 0, "delta": NUM_LAYERS}, mixed_kernels
     adapter_requests = sum(lora is not None for lora in MIXED_LORAS)
-    assert alone_kernels["full"] >= adapter_requests * NUM_LAYERS, alone_kernels
-    assert alone_kernels["delta"] == 0, alone_kernels
+    assert alone_kernels["merged"] >= adapter_requests * NUM_LAYERS, alone_kernels
+    assert alone_kernels["full"] == alone_kernels["delta"] == 0, alone_kernels
     assert not report["mismatches"], report
     assert report["compared_steps"] >= len(MIXED_LORAS) * MAX_NEW_TOKENS // 2, report
+    assert control["mismatches"], f"swapped adapters would pass: {control}"
+
+
+def test_two_adapter_batch_gives_each_request_its_own_output(graph_run):
+    """Every request on an adapter, two adapters: sgl-kernel's whole gate (one
+    launch per layer) gives each request the output it gets alone (where its
+    gate is the merged-weight GEMM); swapping the two adapters would not pass."""
+    two = graph_run["two_adapters"]
+    alone = [graph_run["alone"][0], graph_run["alone"][2]]
+    report = compare(alone, two, tol=TOL)
+    swapped = [graph_run["with_full"][0], graph_run["with_wp"][2]]
+    control = compare(swapped, two, tol=TOL)
+    kernels = _kernels(two, graph_run["mixed"])
+    write_result(
+        "dsa_lora_two_adapter_batch",
+        {
+            "tol": TOL,
+            "loras": TWO_ADAPTERS["lora_path"],
+            "vs_alone": report,
+            "first_step": _first_step_diffs(alone, two),
+            "control_swapped_adapters": control,
+            "kernels": kernels,
+        },
+    )
+    assert kernels == {"merged": 0, "full": NUM_LAYERS, "delta": 0}, kernels
+    assert not report["mismatches"], report
+    assert report["compared_steps"] >= len(alone) * MAX_NEW_TOKENS // 2, report
     assert control["mismatches"], f"swapped adapters would pass: {control}"
 
 

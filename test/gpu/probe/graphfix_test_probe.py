@@ -8,9 +8,12 @@ Counts, in files under GRAPHFIX_PROBE_DIR (one byte per event):
   dsa_lora_head_gate                     Indexer._get_logits_head_gate with a
                                          LoRA-owned weights_proj (only the graph
                                          split op calls it so)
-  dsa_lora_full_gate / dsa_lora_delta    which sgl-kernel kernel that gate ran:
-                                         the whole gate (every request with an
-                                         adapter) or the delta on cuBLAS
+  dsa_lora_merged / dsa_lora_full_gate / dsa_lora_delta
+                                         which path that gate took: upstream's
+                                         GEMM on the merged weight (one adapter
+                                         for every request), sgl-kernel's whole
+                                         gate (every request with an adapter,
+                                         several adapters) or its delta on cuBLAS
   graphfix_absent / graphfix_present     with GRAPHFIX_PROBE_UPSTREAM=1: whether
                                          this process runs without sglang-graphfix
                                          (the upstream baseline)
@@ -72,6 +75,7 @@ def register():
     for name, counter in (
         ("lora_head_gate", "dsa_lora_full_gate"),
         ("add_lora_head_gate_delta_", "dsa_lora_delta"),
+        ("bf16_gemm_fp32_out", "dsa_lora_merged"),
     ):
         setattr(gate_module, name, _counted(getattr(gate_module, name), counter))
 

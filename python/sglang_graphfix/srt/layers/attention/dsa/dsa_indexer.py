@@ -13,10 +13,13 @@ the flag that avoids it.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from sglang_graphfix_kernel.lora_head_gate import (
     add_lora_head_gate_delta_,
     lora_head_gate,
+    request_segments,
 )
 
 from sglang.srt.layers.attention.dsa import dsa_indexer
@@ -34,6 +37,7 @@ from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph impo
     is_in_tc_piecewise_cuda_graph,
 )
 from sglang.srt.runtime_context import get_context, get_exec
+from sglang_graphfix.srt.lora import mem_pool
 
 _LORA = "DSA indexer LoRA on indexer.weights_proj"
 _DROP = "or drop weights_proj from --lora-target-modules."
@@ -77,14 +81,19 @@ def weights_proj_has_lora(indexer) -> bool:
 
 
 def lora_head_gate_logits(indexer, x: torch.Tensor) -> torch.Tensor:
-    """``weights_proj(x)`` in fp32 with the live batch's adapters. When every
-    request has an adapter, one kernel computes base and delta from a single
-    read of x (lora_head_gate). Otherwise upstream's fp32 base GEMM, then the
-    delta for the rows of requests with an adapter, so rows without one keep
-    that GEMM bit for bit: one fused launch on sglang's dense LoRA backends
-    (csgmv, triton), elsewhere the backend's own kernels. Under
-    --enable-deterministic-inference always the latter: a request's gate must
-    not depend on what else is in its batch."""
+    """``weights_proj(x)`` in fp32 with the live batch's adapters.
+
+    - Every request on one adapter (a single-adapter deployment): upstream's
+      fp32-output GEMM on that adapter's merged weight W + s·B·A (cached per
+      layer, merged_weights_proj), so the gate costs what it costs without LoRA.
+    - Every request on an adapter, several adapters: one kernel computes base
+      and delta from a single read of x (lora_head_gate).
+    - A request without an adapter: upstream's fp32 base GEMM, then the delta
+      for the rows of requests with one, so rows without one keep that GEMM
+      bit for bit: one fused launch on sglang's dense LoRA backends (csgmv,
+      triton), elsewhere the backend's own kernels.
+    Under --enable-deterministic-inference always the last: a request's gate
+    must not depend on what else is in its batch."""
     layer = indexer.weights_proj  # ReplicatedLinearWithLoRA
     if not dsa_indexer._is_cuda:
         # Off CUDA upstream's base projection is the module call itself, which
@@ -95,14 +104,50 @@ def lora_head_gate_logits(indexer, x: torch.Tensor) -> torch.Tensor:
         base = indexer._weights_proj_bf16_in_fp32_out(x)
         return add_delta_with_lora_backend(layer, x, base)
     batch_info = backend.get_batch_info()
+    lora_ids = split_op_lora_ids()
     if (
-        every_request_has_adapter()
+        lora_ids
+        and None not in lora_ids
         and not deterministic_inference()
         and layer.weight.dtype == x.dtype
     ):
+        if len(set(lora_ids)) == 1 and not capturing():
+            weight = merged_weights_proj(layer, lora_ids[0], batch_info)
+            return bf16_gemm_fp32_out(x, weight)
         return lora_head_gate(x, layer.weight, layer.lora_a, layer.lora_b, batch_info)
     base = indexer._weights_proj_bf16_in_fp32_out(x)
     return add_lora_head_gate_delta_(base, x, layer.lora_a, layer.lora_b, batch_info)
+
+
+def bf16_gemm_fp32_out(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x Wᵀ as upstream's Indexer._weights_proj_bf16_in_fp32_out on CUDA."""
+    return torch.mm(x, weight.t(), out_dtype=torch.float32)
+
+
+_MERGED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def merged_weights_proj(layer, lora_id: str, batch_info) -> torch.Tensor:
+    """weights_proj with adapter ``lora_id`` merged in, W + s·B·A (fp32, then
+    rounded once to W's dtype, as merging a checkpoint's adapter would), the
+    batch's only adapter (its pool slot read on the device: no host sync).
+    Cached per layer and adapter until the next load into the LoRA memory
+    pool (lora.mem_pool.pool_loads): at most one weight per pool slot."""
+    loads, merged = _MERGED.get(layer, (None, None))
+    if loads != mem_pool.pool_loads:
+        merged = {}
+        _MERGED[layer] = (mem_pool.pool_loads, merged)
+    weight = merged.get(lora_id)
+    if weight is None:
+        slot = request_segments(batch_info)[1][:1]
+        a = layer.lora_a.index_select(0, slot)[0].float()  # (max rank, K)
+        b = layer.lora_b.index_select(0, slot)[0].float()  # (N, max rank)
+        rank = batch_info.lora_ranks.index_select(0, slot)
+        b = b * (torch.arange(b.shape[1], device=b.device) < rank)
+        delta = batch_info.scalings.index_select(0, slot) * (b @ a)
+        weight = (layer.weight.float() + delta).to(layer.weight.dtype)
+        merged[lora_id] = weight
+    return weight
 
 
 def deterministic_inference() -> bool:
@@ -113,13 +158,12 @@ def deterministic_inference() -> bool:
     )
 
 
-def every_request_has_adapter() -> bool:
-    """Whether every request of the split op's live batch has an adapter, from
-    the host-side lora_ids of the prefill graph's forward context (None: the
-    base model); False when there is no such context."""
+def split_op_lora_ids() -> list | None:
+    """The adapter of each request of the split op's live batch (None: the
+    base model), host-side, from the prefill graph's forward context; None when
+    there is no such context."""
     context = get_tc_piecewise_forward_context()
-    lora_ids = getattr(getattr(context, "forward_batch", None), "lora_ids", None)
-    return bool(lora_ids) and all(uid is not None for uid in lora_ids)
+    return getattr(getattr(context, "forward_batch", None), "lora_ids", None)
 
 
 def add_delta_with_lora_backend(layer, x: torch.Tensor, base: torch.Tensor):
@@ -140,9 +184,12 @@ def batch_has_adapter(layer) -> bool:
     """Whether any request of the live batch uses an adapter (host-side flag the
     LoRA manager sets per batch). Always True while a CUDA graph is captured, so
     a captured gate never bakes in the no-adapter case."""
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        return True
-    return layer.lora_backend.get_batch_info().has_active_lora
+    return capturing() or layer.lora_backend.get_batch_info().has_active_lora
+
+
+def capturing() -> bool:
+    """Whether a CUDA graph is being captured on the current stream."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 # What:    Wraps Indexer._get_logits_head_gate: with a LoRA-wrapped weights_proj
@@ -150,10 +197,11 @@ def batch_has_adapter(layer) -> bool:
 # Why:     The graph split op (bcg_dsa_indexer_prefill_split) builds the gate
 #          from weights_proj.weight alone, silently dropping the adapter.
 # How:     Batches without an adapter run upstream's gate unchanged. Otherwise
-#          lora_head_gate_logits (one launch for base + delta when every request
-#          has an adapter; else the base GEMM + one fused delta launch, from the
-#          live batch info), then the same scaling as the fused-path gate
-#          (_scale_head_gates). Rows without an adapter equal upstream's gate.
+#          lora_head_gate_logits (one adapter for all: upstream's GEMM on the
+#          merged weight; several: one launch for base + delta; a request
+#          without one: the base GEMM + one fused delta launch), then the same
+#          scaling as the fused-path gate (_scale_head_gates). Rows without an
+#          adapter equal upstream's gate.
 # Upstream: sglang/srt/layers/attention/dsa/dsa_indexer.py::Indexer._get_logits_head_gate
 # Removal: once the upstream split op applies weights_proj LoRA.
 def lora_aware_head_gate(original, self, x, q_scale):

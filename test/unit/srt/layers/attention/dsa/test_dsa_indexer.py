@@ -50,6 +50,7 @@ from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph impo
 )
 from sglang.srt.utils.common import CachedKernel
 from sglang_graphfix.srt.layers.attention.dsa import dsa_indexer as ours
+from sglang_graphfix.srt.lora import mem_pool
 from sglang_graphfix_kernel.lora_head_gate import request_segments
 from lora_head_gate_cases import prepare as prepare_lora_batch
 
@@ -281,6 +282,16 @@ def _cuda_fp32_gemm(self, x):
     return x.float() @ self.weights_proj.weight.float().t()
 
 
+MERGED_GEMM_CALLS = []
+
+
+def _merged_gemm(x, weight):
+    """ours.bf16_gemm_fp32_out (torch.mm with out_dtype, as _cuda_fp32_gemm).
+    Counted."""
+    MERGED_GEMM_CALLS.append(weight)
+    return x.float() @ weight.float().t()
+
+
 def _unpinned(factory):
     def unpinned(*args, pin_memory=False, **kwargs):
         return factory(*args, **kwargs)  # pinning needs a CUDA driver
@@ -321,8 +332,10 @@ def _cpu(monkeypatch):
     monkeypatch.setattr(Indexer, "_weights_proj_bf16_in_fp32_out", _cuda_fp32_gemm)
     monkeypatch.setattr(ours, "add_lora_head_gate_delta_", _fused_head_gate_delta)
     monkeypatch.setattr(ours, "lora_head_gate", _full_head_gate)
+    monkeypatch.setattr(ours, "bf16_gemm_fp32_out", _merged_gemm)
     FUSED_DELTA_CALLS.clear()
     FULL_GATE_CALLS.clear()
+    MERGED_GEMM_CALLS.clear()
     for factory in ("tensor", "zeros", "empty", "arange"):
         monkeypatch.setattr(torch, factory, _unpinned(getattr(torch, factory)))
     with torch.compiler.set_stance("force_eager"):
@@ -420,6 +433,18 @@ def _reference_logits(x, max_rank=MAX_RANK):
         rows = _rows({slot})
         xa = x[rows].float() @ a[slot, :rank].float().t()
         logits[rows] += scaling * xa @ b[slot, :, :rank].float().t()
+    return logits
+
+
+def _reference_logits_for(requests, x):
+    """_reference_logits for ``requests`` (every one with an adapter)."""
+    logits, start = _bare_logits(x), 0
+    a, b = _lora_buffers()
+    for n, slot in requests:
+        rank, scaling = ADAPTERS[slot]
+        xa = x[start : start + n].float() @ a[slot, :rank].float().t()
+        logits[start : start + n] += scaling * xa @ b[slot, :, :rank].float().t()
+        start += n
     return logits
 
 
@@ -555,20 +580,13 @@ def test_head_gate_with_every_request_on_an_adapter_is_one_kernel(backend):
     (batch_info,) = FULL_GATE_CALLS
     assert batch_info is layer.lora_backend.batch_info
     assert indexer.fp32_gemm_calls == 0 and not FUSED_DELTA_CALLS
-    logits, start = _bare_logits(x), 0
-    a, b = _lora_buffers()
-    for n, slot in requests:
-        rank, scaling = ADAPTERS[slot]
-        xa = x[start : start + n].float() @ a[slot, :rank].float().t()
-        logits[start : start + n] += scaling * xa @ b[slot, :, :rank].float().t()
-        start += n
-    reference = _gate(logits, q_scale)
+    reference = _gate(_reference_logits_for(requests, x), q_scale)
     torch.testing.assert_close(
         gate, reference, rtol=2e-2, atol=1e-2 * reference.abs().max().item()
     )
     bare = _gate(_bare_logits(x), q_scale)
     # Every row carries its adapter (larger than any row's bare gate).
-    assert (gate - bare)[:start].abs().amax(dim=(1, 2)).min() > bare.abs().max()
+    assert (gate - bare)[:TOKENS].abs().amax(dim=(1, 2)).min() > bare.abs().max()
 
 
 @pytest.mark.parametrize(
@@ -614,12 +632,97 @@ def test_deterministic_inference_keeps_upstreams_gemm(monkeypatch):
     assert indexer.fp32_gemm_calls == 1 and len(FUSED_DELTA_CALLS) == 1
 
 
-def test_every_request_has_adapter_reads_the_split_op_batch():
-    assert not ours.every_request_has_adapter()  # no prefill-graph context
-    with _split_op_context(["a", "b"]):
-        assert ours.every_request_has_adapter()
+def test_split_op_lora_ids_reads_the_split_op_batch():
+    assert ours.split_op_lora_ids() is None  # no prefill-graph context
     with _split_op_context(["a", None]):
-        assert not ours.every_request_has_adapter()
+        assert ours.split_op_lora_ids() == ["a", None]
+
+
+ONE_ADAPTER_REQUESTS = [(5, 2), (3, 2), (4, 2)]
+
+
+def _merged_reference(slot, loras=None):
+    """weights_proj with the adapter of ``slot`` merged: W + s·B·A in fp32,
+    rounded once to bf16."""
+    a, b = loras or _lora_buffers()
+    rank, scaling = ADAPTERS[slot]
+    delta = scaling * b[slot, :, :rank].float() @ a[slot, :rank].float()
+    return (_weights_proj().weight.float() + delta).bfloat16()
+
+
+@pytest.mark.parametrize("backend", ["triton", "csgmv"])
+def test_head_gate_with_one_adapter_for_every_request_is_a_merged_weight_gemm(
+    backend,
+):
+    """A single-adapter batch: upstream's GEMM on W + s·B·A (rank-padding of the
+    pool slot masked off), no LoRA kernel at all, so the gate costs what it
+    costs without LoRA. The merged weight is built once per layer and adapter."""
+    requests = ONE_ADAPTER_REQUESTS
+    layer = _lora_weights_proj(_weights_proj(), backend=backend, requests=requests)
+    # Garbage past the adapter's rank in its pool slot must not leak in.
+    layer.lora_a[2, ADAPTERS[2][0] :] = 1.0
+    indexer = _indexer(layer)
+    x, _, _ = _inputs()
+    q_scale = _q_scale()
+
+    with _split_op_context(_lora_ids(requests)):
+        gate = indexer._get_logits_head_gate(x, q_scale)
+        again = indexer._get_logits_head_gate(x, q_scale)
+
+    assert not FULL_GATE_CALLS and not FUSED_DELTA_CALLS
+    assert indexer.fp32_gemm_calls == 0
+    first, second = MERGED_GEMM_CALLS
+    assert second is first, "the merged weight was rebuilt"
+    assert first.dtype == torch.bfloat16
+    torch.testing.assert_close(first, _merged_reference(2), rtol=0, atol=0)
+    reference = _gate(_reference_logits_for(requests, x), q_scale)[:TOKENS]
+    # The merged weight's bf16 rounding, as in a merged checkpoint. (Graph
+    # padding rows get the adapter too: no request reads them.)
+    torch.testing.assert_close(
+        gate[:TOKENS], reference, rtol=2e-2, atol=1e-2 * reference.abs().max().item()
+    )
+    assert torch.equal(again, gate)
+    bare = _gate(_bare_logits(x), q_scale)
+    assert (gate - bare)[:TOKENS].abs().amax(dim=(1, 2)).min() > bare.abs().max()
+
+
+def test_merged_weight_is_rebuilt_after_a_pool_load():
+    """A load into the LoRA memory pool may overwrite the slot a merged weight
+    came from (the same adapter id can come back with other weights): every
+    merged weight built before it is stale."""
+    requests = ONE_ADAPTER_REQUESTS
+    layer = _lora_weights_proj(_weights_proj(), requests=requests)
+    indexer = _indexer(layer)
+    x, _, _ = _inputs()
+    with _split_op_context(_lora_ids(requests)):
+        before = indexer._get_logits_head_gate(x, _q_scale())
+        layer.lora_b[2].neg_()  # the slot rewritten, as a load does
+        stale = indexer._get_logits_head_gate(x, _q_scale())
+        loads = []
+        mem_pool.count_lora_pool_loads(lambda pool, *args: loads.append(args), None, "uid", 2)
+        after = indexer._get_logits_head_gate(x, _q_scale())
+
+    assert loads == [("uid", 2)]
+    assert torch.equal(stale, before), "no load counted, so the cache stands"
+    a, b = _lora_buffers()
+    b[2].neg_()
+    torch.testing.assert_close(MERGED_GEMM_CALLS[-1], _merged_reference(2, (a, b)))
+    assert not torch.allclose(after, before)
+
+
+def test_capture_never_caches_a_merged_weight(monkeypatch):
+    """A merged weight built under stream capture would live in the graph's
+    memory: under capture a single-adapter batch takes the whole-gate kernel."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    requests = ONE_ADAPTER_REQUESTS
+    indexer = _indexer(_lora_weights_proj(_weights_proj(), requests=requests))
+    x, _, _ = _inputs()
+
+    with _split_op_context(_lora_ids(requests)):
+        indexer._get_logits_head_gate(x, _q_scale())
+
+    assert len(FULL_GATE_CALLS) == 1 and not MERGED_GEMM_CALLS
 
 
 def test_csgmv_shrink_stand_in_has_upstreams_compile_cache_key():
@@ -700,12 +803,16 @@ def test_benchmark_checks_csgmv_rank16_then_rank64(monkeypatch, fresh_kernel):
             "no_adapter_batch": False,
         }
         assert check["lora_adapter"]["ok"]
-        assert check["lora_adapter"]["launches"] == {"delta": 0, "full": 1}
+        assert check["lora_adapter"]["launches"] == {"merged": 1, "delta": 0, "full": 0}
+        assert check["lora_adapter_whole_gate"]["ok"]
+        assert check["lora_adapter_whole_gate"]["launches"] == {
+            "merged": 0, "delta": 0, "full": 1
+        }  # fmt: skip
         assert check["mixed_batch"]["ok"]
-        assert check["mixed_batch"]["launches"] == {"delta": 1, "full": 0}
+        assert check["mixed_batch"]["launches"] == {"merged": 0, "delta": 1, "full": 0}
         assert check["lora_no_adapter"] == {
             "bit_identical_to_no_lora": True,
-            "launches": {"delta": 0, "full": 0},
+            "launches": {"merged": 0, "delta": 0, "full": 0},
         }
         assert check["unfused_reference"]["rows_without_adapter_bit_identical"]
         passed[rank] = check["pass"]
@@ -723,16 +830,22 @@ def test_benchmark_checks_triton_backend():
 class _StateTimer:
     """Stands in for the benchmark's CUDA-event Timer: each "time" it reports is
     the state the call ran in: latency = launches of the delta kernel + 10 x
-    launches of the whole-gate kernel during the call, throughput = 1 + the
-    batch's has_active_lora."""
+    launches of the whole-gate kernel + 100 x merged-weight GEMMs during the
+    call, throughput = 1 + the batch's has_active_lora."""
 
     def __init__(self, layer):
         self.layer = layer
 
+    @staticmethod
+    def _launches():
+        return (
+            len(FUSED_DELTA_CALLS) + 10 * len(FULL_GATE_CALLS) + 100 * len(MERGED_GEMM_CALLS)
+        )
+
     def _call(self, fn):
-        launches = len(FUSED_DELTA_CALLS) + 10 * len(FULL_GATE_CALLS)
+        launches = self._launches()
         fn()
-        return len(FUSED_DELTA_CALLS) + 10 * len(FULL_GATE_CALLS) - launches
+        return self._launches() - launches
 
     def host_ms(self, fn):
         fn()
@@ -750,8 +863,9 @@ class _StateTimer:
 def test_benchmark_times_each_variant_in_its_batch_state(backend):
     """The benchmark's interleaved rounds prepare each variant's batch (what the
     LoRA manager sets, has_active_lora included) and the split op's lora_ids
-    before timing it: the adapter gate launches the whole-gate kernel, the same
-    batch on the mixed-batch path the delta kernel, the batch without adapters
+    before timing it: the adapter gate runs the merged-weight GEMM, the same
+    batch named as on two adapters the whole-gate kernel, on the mixed-batch
+    path the delta kernel, the batch without adapters
     and the unfused reference neither; the split-op core runs the same gates."""
     bench = _benchmark()
     (rank, plain, lora_indexer, gen), = _benchmark_setup(bench, backend, [16])
@@ -767,7 +881,8 @@ def test_benchmark_times_each_variant_in_its_batch_state(backend):
 
     state = {key: (m["latency_ms"], m["throughput_ms"]) for key, m in measured.items()}
     for part in bench.PARTS:
-        assert state[(part, "lora_adapter")] == (10.0, 2.0)
+        assert state[(part, "lora_adapter")] == (100.0, 2.0)
+        assert state[(part, "lora_adapter_whole_gate")] == (10.0, 2.0)
         assert state[(part, "lora_adapter_gemm_plus_delta")] == (1.0, 2.0)
         assert state[(part, "lora_no_adapter")] == (0.0, 1.0)
         assert state[(part, "unfused_reference")] == (0.0, 2.0)
@@ -781,7 +896,12 @@ def test_benchmark_goal_is_the_adapter_split_op_cores_gpu_bound_overhead():
 
     def part(throughput, latency):
         others = dict.fromkeys(
-            ("lora_adapter_gemm_plus_delta", "lora_no_adapter", "unfused_reference"),
+            (
+                "lora_adapter_whole_gate",
+                "lora_adapter_gemm_plus_delta",
+                "lora_no_adapter",
+                "unfused_reference",
+            ),
             0.0,
         )
         return {
