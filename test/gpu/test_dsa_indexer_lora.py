@@ -57,8 +57,14 @@ from engine_utils import (
 # 0.035. test_adapter_changes_outputs checks that 0.05 tells the adapter apart
 # on the GPU run itself. The split op's head gate keeps the base GEMM in fp32
 # (as without LoRA) where the eager LoRA path rounds base + delta to bf16: a
-# 0.4% gate difference, far below the adapter's.
-TOL = 0.05
+# 0.4% gate difference, far below the adapter's. The logits are bf16, so the
+# smallest logprob step between two runs is one ulp of the chosen logit: 0.03125
+# in [4, 8), 0.0625 in [8, 16). The H200 runs' differences are such steps (graph
+# vs eager and batch vs alone: 0.029-0.033; csgmv, the two-adapter batch vs
+# alone at decode step 5: 0.061, which failed the first tolerance, 0.05); the
+# adapter moves them by 0.06-0.37 and flips tokens (test_adapter_changes_outputs
+# checks this tolerance still tells it apart).
+TOL = 0.07
 LORA_BACKEND = os.environ.get("GRAPHFIX_DSA_LORA_BACKEND", "triton")
 ADAPTERS = {
     "wp": {"rank": 8, "seed": 1234},
