@@ -90,6 +90,13 @@ def kimi_latency() -> list:
     return rows
 
 
+def _merged(dsa) -> str:
+    kernels = dsa.get("graph_kernels")
+    if not kernels or "merged" not in next(iter(kernels.values())):
+        return "path not recorded"
+    return ", ".join(f"{k['merged']} per {name} batch" for name, k in kernels.items())
+
+
 def correctness() -> list:
     kernel = _load("gpu/gdn_extend_kernel.json")["max_abs_diff"]
     kernel_bad = _load("gpu/gdn_extend_kernel_wrong_state.json")["max_abs_diff"]
@@ -136,10 +143,11 @@ def correctness() -> list:
     if whole:
         worst = max(r["other_rows_max_rel_error"] for r in whole.values())
         gate_note += f"; whole gate ({len(whole)} cases): rows without an adapter vs x Wᵀ max rel error {worst:.2g}"
-    whole_engine = {
-        b: _load(f"gpu/whole_gate/{b}/dsa_lora_mixed_batch.json")
-        for b in ("csgmv", "triton")
-        if (RESULTS / f"gpu/whole_gate/{b}/dsa_lora_mixed_batch.json").exists()
+    two = _load("gpu/dsa_lora_two_adapter_batch.json")
+    csgmv = {
+        name: _load(f"gpu/dsa_lora_csgmv/dsa_lora_{name}.json")
+        for name in ("graph_vs_eager", "mixed_batch", "two_adapter_batch")
+        if (RESULTS / f"gpu/dsa_lora_csgmv/dsa_lora_{name}.json").exists()
     }
     llama_diff, llama_bad, llama_steps = _steps(llama["batches"])
     control = llama["control_rotated_prompts"]
@@ -153,12 +161,16 @@ def correctness() -> list:
         f"| KDA hybrid engine (tiny Kimi-Linear, MLA on fa3), full prefill graph, prompts {kimi_lengths} (two chunks at 256, a radix hit), {sum(kimi['graph_replays'])} replays | {kimi_bad_n} mismatches over {kimi_steps} steps, max logprob diff {kimi_diff:.2g}; first token's top-20 logprobs max diff {kimi_top:.2g} (before `kda_graph_extend_applies_beta_sigmoid`: {kimi_before_bad} of {len(kimi_before['batches'])} batches diverged) | replays on the padding state slot: {sum(_diverged(b) for b in kimi_bad)} of {len(kimi_bad)} batches diverge |",
         f"| LoRA head-gate kernels (sgl-kernel: delta on cuBLAS, split-K or not; whole gate), bf16, hidden 7168, 64 heads, csgmv and triton batch info, eager and graph, pool rank 16 and 64 ({len(gate_kernel)} cases) | adapter rows vs fp32 reference max rel error {gate_err:.2g}, vs sglang's shrink+expand {gate_vs:.2g}; {gate_note} | adapters swapped: rel error {gate_swapped:.3g} or more |",
         f"| Llama, full prefill graph (flashinfer), {llama['prefill_batches_on_graph']} prefill batches on the graph | {llama_bad} mismatches over {llama_steps} steps, max logprob diff {llama_diff:.2g} | outputs of other prompts: {len(control['tokens']['mismatches'])} mismatches |",
-        f"| DSA weights_proj LoRA, breakable prefill graph, adapters of rank 8 (weights_proj) and 16 (+ q_b_proj, o_proj); head gate in the split op: {dsa_start['capture_head_gate_calls']} calls at capture, {dsa_path['graph_adapter_batch_head_gate_calls']} per adapter batch, {dsa_path['eager_engine_head_gate_calls']} eager | {len(dsa['mismatches'])} mismatches over {dsa['compared_steps']} steps, max logprob diff {dsa['max_logprob_diff']:.2g} | without the adapter: {len(dsa_effect['mismatches'])} mismatches |",
-        f"| DSA mixed batch (adapter, none, other adapter in one forward) vs each request alone | {len(mixed['mixed_vs_alone']['mismatches'])} mismatches over {mixed['mixed_vs_alone']['compared_steps']} steps, max logprob diff {mixed['mixed_vs_alone']['max_logprob_diff']:.2g} | adapters swapped: {len(mixed['control_swapped_adapters']['mismatches'])} mismatches |",
-        *[
-            f"| DSA mixed batch, whole-gate kernel build ({b} LoRA backend): each adapter request alone takes the whole gate, the mixed batch the delta on cuBLAS (path not recorded in this run) | {len(m['mixed_vs_alone']['mismatches'])} mismatches over {m['mixed_vs_alone']['compared_steps']} steps, max logprob diff {m['mixed_vs_alone']['max_logprob_diff']:.2g} | adapters swapped: {len(m['control_swapped_adapters']['mismatches'])} mismatches |"
-            for b, m in whole_engine.items()
-        ],
+        f"| DSA weights_proj LoRA ({dsa.get('lora_backend', 'triton')} LoRA backend), breakable prefill graph, adapters of rank 8 (weights_proj) and 16 (+ q_b_proj, o_proj); every request on the adapter: merged-weight GEMM ({_merged(dsa)}); head gate in the split op: {dsa_start['capture_head_gate_calls']} calls at capture, {dsa_path['graph_adapter_batch_head_gate_calls']} per adapter batch, {dsa_path['eager_engine_head_gate_calls']} eager | {len(dsa['mismatches'])} mismatches over {dsa['compared_steps']} steps, max logprob diff {dsa['max_logprob_diff']:.2g} | without the adapter: {len(dsa_effect['mismatches'])} mismatches |",
+        f"| DSA mixed batch (adapter, none, other adapter in one forward: GEMM + delta kernel, {mixed.get('mixed_batch_kernels', {}).get('delta', '?')} launches) vs each request alone | {len(mixed['mixed_vs_alone']['mismatches'])} mismatches over {mixed['mixed_vs_alone']['compared_steps']} steps, max logprob diff {mixed['mixed_vs_alone']['max_logprob_diff']:.2g} | adapters swapped: {len(mixed['control_swapped_adapters']['mismatches'])} mismatches |",
+        f"| DSA batch of two adapters (every request on one: whole-gate kernel, {two['kernels']['full']} launches) vs each request alone (merged weight) | {len(two['vs_alone']['mismatches'])} mismatches over {two['vs_alone']['compared_steps']} steps, max logprob diff {two['vs_alone']['max_logprob_diff']:.2g} | adapters swapped: {len(two['control_swapped_adapters']['mismatches'])} mismatches |",
+        *(
+            [
+            f"| The DSA checks above on sglang's csgmv LoRA backend (tolerance {csgmv['graph_vs_eager']['tol']}) | graph vs eager: {len(csgmv['graph_vs_eager']['mismatches'])} mismatches, max diff {csgmv['graph_vs_eager']['max_logprob_diff']:.2g}; mixed vs alone: {len(csgmv['mixed_batch']['mixed_vs_alone']['mismatches'])}, {csgmv['mixed_batch']['mixed_vs_alone']['max_logprob_diff']:.2g}; two adapters vs alone: {len(csgmv['two_adapter_batch']['vs_alone']['mismatches'])}, {csgmv['two_adapter_batch']['vs_alone']['max_logprob_diff']:.2g} | adapters swapped: {len(csgmv['mixed_batch']['control_swapped_adapters']['mismatches'])} / {len(csgmv['two_adapter_batch']['control_swapped_adapters']['mismatches'])} mismatches |"
+            ]
+            if len(csgmv) == 3
+            else []
+        ),
         "",
         "Refusals and upstream baselines (engine processes checked to run without / with sglang-graphfix):",
         "",
@@ -172,12 +184,26 @@ def correctness() -> list:
 
 def _dsa_overhead_fused(report) -> list:
     """benchmark/dsa_head_gate.py's results since the fused LoRA delta kernel:
-    no_lora / lora_adapter (fused) / lora_no_adapter / unfused_reference."""
+    no_lora against each LoRA variant the run had (older runs lack some)."""
     summary = report["summary"]
     verdict = "met" if summary["meets_goal"] else "not met"
     checks = "pass" if summary["checks_pass"] else "FAIL"
-    whole = "lora_adapter_gemm_plus_delta" in report["variants"]
-    adapter = "every request with an adapter: whole gate" if whole else "adapter, fused"
+    variants = report["variants"]
+    merged = "lora_adapter_whole_gate" in variants
+    if merged:
+        adapter = "one adapter for every request: merged-weight GEMM"
+    elif "lora_adapter_gemm_plus_delta" in variants:
+        adapter = "every request with an adapter: whole gate"
+    else:
+        adapter = "adapter, fused"
+    extra = [
+        (v, title)
+        for v, title in (
+            ("lora_adapter_whole_gate", "several adapters: whole gate"),
+            ("lora_adapter_gemm_plus_delta", "same batch, GEMM + delta (the mixed-batch path)"),
+        )
+        if v in variants
+    ]
     rows = [
         "",
         f"DSA indexer head gate with a weights_proj adapter ({report['device']}, hidden {report['shapes']['hidden']}, {report['shapes']['index_heads']} index heads; {report['timing']}). "
@@ -187,9 +213,9 @@ def _dsa_overhead_fused(report) -> list:
         + ":",
         "",
         f"| LoRA backend | rank | tokens | core ms, no LoRA (GPU-bound) | {adapter}: GPU-bound / latency |"
-        + (" same batch, GEMM + delta (the mixed-batch path): GPU-bound |" if whole else "")
+        + "".join(f" {title}: GPU-bound |" for _, title in extra)
         + " adapter, unfused (before): GPU-bound / latency | no adapter in batch: GPU-bound |",
-        "| --- | --- | --- | --- | --- |" + (" --- |" if whole else "") + " --- | --- |",
+        "| --- | --- | --- | --- | --- |" + " --- |" * len(extra) + " --- | --- |",
     ]
     for r in report["results"]:
         core = r["split_op_core"]
@@ -197,7 +223,7 @@ def _dsa_overhead_fused(report) -> list:
         rows.append(
             f"| {r['backend']} | {r['rank']} | {r['tokens']} | {core['throughput_ms']['no_lora']} | "
             f"{thr['lora_adapter']}% / {lat['lora_adapter']}% | "
-            + (f"{thr['lora_adapter_gemm_plus_delta']}% | " if whole else "")
+            + "".join(f"{thr[v]}% | " for v, _ in extra)
             + f"{thr['unfused_reference']}% / {lat['unfused_reference']}% | "
             f"{thr['lora_no_adapter']}% |"
         )
@@ -205,8 +231,13 @@ def _dsa_overhead_fused(report) -> list:
         "",
         f"Goal ({adapter}, split-op core GPU-bound, at most {report['goal_pct']}%): {verdict}, "
         f"worst {summary['worst_split_op_core_throughput_overhead_pct_lora_adapter']}% "
-        f"(latency-based worst {summary['worst_split_op_core_latency_overhead_pct_lora_adapter']}%). "
-        f"Checks at 2048 tokens (against the fp32 reference; rows without an adapter bit-identical on the delta path; kernel launches per path; both backends): {checks}.",
+        f"(latency-based worst {summary['worst_split_op_core_latency_overhead_pct_lora_adapter']}%)"
+        + (
+            f"; several adapters (whole gate): worst {summary['worst_split_op_core_throughput_overhead_pct']['lora_adapter_whole_gate']}%"
+            if merged
+            else ""
+        )
+        + f". Checks at 2048 tokens (against the fp32 reference; rows without an adapter bit-identical on the delta path; kernel launches per path; both backends): {checks}.",
     ]
     return rows + _dsa_kernel_sweep()
 
