@@ -6,7 +6,7 @@ Triton LoRA backend batch info. Per shape:
   delta_ms       add_lora_head_gate_delta_ into that base (mixed batches): the
                  default heuristic and (block_k, split_k) overrides
   full_gate_ms   lora_head_gate, base + delta in one launch reading x once
-                 (batches where every request has an adapter), per
+                 (batches on several adapters), per
                  (block_m, block_k, split_k)
 Each variant's max |error| against the fp32 reference x Wᵀ + s·(x Aᵀ) Bᵀ (x Aᵀ
 rounded to bf16) over the reference's max. GPU time only: CALLS calls captured in

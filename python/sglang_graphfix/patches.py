@@ -18,6 +18,7 @@ from sglang_graphfix.srt.layers.attention import hybrid_linear_attn_backend
 from sglang_graphfix.srt.layers.attention.dsa import dsa_indexer
 from sglang_graphfix.srt.layers.attention.linear import gdn_backend, kda_backend
 from sglang_graphfix.srt.lora import mem_pool
+from sglang_graphfix.srt.model_executor.model_runner_components import weight_updater
 from sglang_graphfix.srt.model_executor.runner import prefill_cuda_graph_runner
 
 logger = logging.getLogger(__name__)
@@ -50,7 +51,8 @@ PATCHES = (
     # DSA indexer weights_proj LoRA under the breakable prefill graph.
     Patch(_ATTN + "dsa.dsa_indexer.Indexer._get_logits_head_gate", dsa_indexer.lora_aware_head_gate, HookType.AROUND),
     Patch(_ATTN + "dsa.dsa_indexer.Indexer.forward_cuda", dsa_indexer.lora_aware_split_op_dispatch, HookType.AROUND),
-    Patch(_SRT + "lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer", mem_pool.count_lora_pool_loads, HookType.AROUND),
+    Patch(_SRT + "lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer", mem_pool.drop_merged_gates_on_pool_load, HookType.AROUND),
+    Patch(_SRT + "model_executor.model_runner_components.weight_updater._unsupported_derived_weight_cache_error", weight_updater.drop_merged_gates_on_weight_update, HookType.AROUND),
 )  # fmt: skip
 
 

@@ -8,7 +8,8 @@ an intermediate tensor and their Python wrappers, for a 64-column output.
 
 - ``lora_head_gate``: the whole gate, base and delta, in one launch that reads x
   once (x is 7 MB at 512 tokens; the base GEMM alone is bound by reading it).
-  For batches where every request has an adapter.
+  For batches where every request has an adapter, not all the same one (a
+  batch on one adapter takes cuBLAS on the merged weight instead).
 - ``add_lora_head_gate_delta_``: shrink, expand, adapter scaling and the add into
   a float32 base from upstream's cuBLAS GEMM, in one launch. For batches with a
   request without an adapter: its rows are never touched and stay bit-identical

@@ -37,7 +37,6 @@ from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph impo
     is_in_tc_piecewise_cuda_graph,
 )
 from sglang.srt.runtime_context import get_context, get_exec
-from sglang_graphfix.srt.lora import mem_pool
 
 _LORA = "DSA indexer LoRA on indexer.weights_proj"
 _DROP = "or drop weights_proj from --lora-target-modules."
@@ -84,8 +83,9 @@ def lora_head_gate_logits(indexer, x: torch.Tensor) -> torch.Tensor:
     """``weights_proj(x)`` in fp32 with the live batch's adapters.
 
     - Every request on one adapter (a single-adapter deployment): upstream's
-      fp32-output GEMM on that adapter's merged weight W + s·B·A (cached per
-      layer, merged_weights_proj), so the gate costs what it costs without LoRA.
+      fp32-output GEMM on that adapter's merged weight W + s·B·A, two bf16
+      halves in one GEMM of 2N columns (cached per layer, merged_weights_proj),
+      then the halves added: x is read once, as without LoRA.
     - Every request on an adapter, several adapters: one kernel computes base
       and delta from a single read of x (lora_head_gate).
     - A request without an adapter: upstream's fp32 base GEMM, then the delta
@@ -112,8 +112,10 @@ def lora_head_gate_logits(indexer, x: torch.Tensor) -> torch.Tensor:
         and layer.weight.dtype == x.dtype
     ):
         if len(set(lora_ids)) == 1 and not capturing():
-            weight = merged_weights_proj(layer, lora_ids[0], batch_info)
-            return bf16_gemm_fp32_out(x, weight)
+            halves = merged_weights_proj(layer, lora_ids[0], batch_info)
+            logits = bf16_gemm_fp32_out(x, halves)  # (tokens, 2N)
+            n = halves.shape[0] // 2
+            return logits[:, :n] + logits[:, n:]
         return lora_head_gate(x, layer.weight, layer.lora_a, layer.lora_b, batch_info)
     base = indexer._weights_proj_bf16_in_fp32_out(x)
     return add_lora_head_gate_delta_(base, x, layer.lora_a, layer.lora_b, batch_info)
@@ -128,26 +130,39 @@ _MERGED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def merged_weights_proj(layer, lora_id: str, batch_info) -> torch.Tensor:
-    """weights_proj with adapter ``lora_id`` merged in, W + s·B·A (fp32, then
-    rounded once to W's dtype, as merging a checkpoint's adapter would), the
-    batch's only adapter (its pool slot read on the device: no host sync).
-    Cached per layer and adapter until the next load into the LoRA memory
-    pool (lora.mem_pool.pool_loads): at most one weight per pool slot."""
-    loads, merged = _MERGED.get(layer, (None, None))
-    if loads != mem_pool.pool_loads:
-        merged = {}
-        _MERGED[layer] = (mem_pool.pool_loads, merged)
-    weight = merged.get(lora_id)
-    if weight is None:
+    """weights_proj with adapter ``lora_id`` (the batch's only one) merged in:
+    W + s·B·A in fp32, as two stacked halves in W's dtype, (2N, K), whose sum
+    holds it to about 16 bits. A single bf16 weight would round away most of
+    an adapter that moves the gate by 1% or less (bf16 keeps 8 bits of W).
+
+    Built from the adapter's pool slot, read on the device (the first
+    request's: lora_ids and the batch info's requests share the batch's
+    order), so without a host sync. Cached per layer and adapter until
+    drop_merged_weights_proj: at most one per pool slot."""
+    merged = _MERGED.setdefault(layer, {})
+    halves = merged.get(lora_id)
+    if halves is None:
         slot = request_segments(batch_info)[1][:1]
         a = layer.lora_a.index_select(0, slot)[0].float()  # (max rank, K)
         b = layer.lora_b.index_select(0, slot)[0].float()  # (N, max rank)
-        rank = batch_info.lora_ranks.index_select(0, slot)
-        b = b * (torch.arange(b.shape[1], device=b.device) < rank)
-        delta = batch_info.scalings.index_select(0, slot) * (b @ a)
-        weight = (layer.weight.float() + delta).to(layer.weight.dtype)
-        merged[lora_id] = weight
-    return weight
+        # A pool slot holds its adapter's rank; past it, whatever was there.
+        in_rank = torch.arange(b.shape[1], device=b.device) < (
+            batch_info.lora_ranks.index_select(0, slot)
+        )
+        a = torch.where(in_rank[:, None], a, 0.0)
+        b = torch.where(in_rank[None, :], b, 0.0)
+        weight = layer.weight.float() + batch_info.scalings.index_select(0, slot) * (b @ a)
+        high = weight.to(layer.weight.dtype)
+        low = (weight - high.float()).to(layer.weight.dtype)
+        halves = merged[lora_id] = torch.cat([high, low])
+    return halves
+
+
+def drop_merged_weights_proj() -> None:
+    """Forget every merged weights_proj: the LoRA memory pool is loading an
+    adapter (it may rewrite a slot one came from; an adapter id can come back
+    with other weights) or an online weight update rewrites W."""
+    _MERGED.clear()
 
 
 def deterministic_inference() -> bool:
@@ -193,13 +208,13 @@ def capturing() -> bool:
 
 
 # What:    Wraps Indexer._get_logits_head_gate: with a LoRA-wrapped weights_proj
-#          the head gate is the fp32 base GEMM plus the adapter delta.
+#          the head gate includes the live batch's adapters.
 # Why:     The graph split op (bcg_dsa_indexer_prefill_split) builds the gate
 #          from weights_proj.weight alone, silently dropping the adapter.
 # How:     Batches without an adapter run upstream's gate unchanged. Otherwise
-#          lora_head_gate_logits (one adapter for all: upstream's GEMM on the
-#          merged weight; several: one launch for base + delta; a request
-#          without one: the base GEMM + one fused delta launch), then the same
+#          lora_head_gate_logits (one adapter for all: upstream's GEMM on
+#          the merged weight's two halves; several: one launch for base + delta;
+#          a request without one: the base GEMM + one fused delta launch), then the same
 #          scaling as the fused-path gate (_scale_head_gates). Rows without an
 #          adapter equal upstream's gate.
 # Upstream: sglang/srt/layers/attention/dsa/dsa_indexer.py::Indexer._get_logits_head_gate

@@ -51,6 +51,7 @@ from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph impo
 from sglang.srt.utils.common import CachedKernel
 from sglang_graphfix.srt.layers.attention.dsa import dsa_indexer as ours
 from sglang_graphfix.srt.lora import mem_pool
+from sglang_graphfix.srt.model_executor.model_runner_components import weight_updater
 from sglang_graphfix_kernel.lora_head_gate import request_segments
 from lora_head_gate_cases import prepare as prepare_lora_batch
 
@@ -333,6 +334,7 @@ def _cpu(monkeypatch):
     monkeypatch.setattr(ours, "add_lora_head_gate_delta_", _fused_head_gate_delta)
     monkeypatch.setattr(ours, "lora_head_gate", _full_head_gate)
     monkeypatch.setattr(ours, "bf16_gemm_fp32_out", _merged_gemm)
+    ours.drop_merged_weights_proj()
     FUSED_DELTA_CALLS.clear()
     FULL_GATE_CALLS.clear()
     MERGED_GEMM_CALLS.clear()
@@ -564,10 +566,10 @@ ALL_ADAPTER_REQUESTS = [(5, 1), (3, 2), (4, 1)]
 
 
 @pytest.mark.parametrize("backend", ["triton", "csgmv"])
-def test_head_gate_with_every_request_on_an_adapter_is_one_kernel(backend):
-    """No row keeps upstream's GEMM when every request has an adapter (the split
-    op's forward batch says so, host-side): one launch of sgl-kernel's
-    lora_head_gate computes base and delta from one read of x."""
+def test_head_gate_with_several_adapters_is_one_kernel(backend):
+    """No row keeps upstream's GEMM when every request has an adapter, not all
+    the same one (the split op's forward batch says so, host-side): one launch
+    of sgl-kernel's lora_head_gate computes base and delta from one read of x."""
     requests = ALL_ADAPTER_REQUESTS
     layer = _lora_weights_proj(_weights_proj(), backend=backend, requests=requests)
     indexer = _indexer(layer)
@@ -607,10 +609,13 @@ def test_head_gate_with_a_request_without_adapter_keeps_upstreams_gemm(lora_ids)
     _assert_gate(gate, x, q_scale)
 
 
-def test_deterministic_inference_keeps_upstreams_gemm(monkeypatch):
+@pytest.mark.parametrize(
+    "requests", [ALL_ADAPTER_REQUESTS, [(5, 1), (3, 1), (4, 1)]], ids=["several", "one"]
+)
+def test_deterministic_inference_keeps_upstreams_gemm(monkeypatch, requests):
     """--enable-deterministic-inference: a request's gate must not depend on its
-    batch, so even a batch where every request has an adapter takes upstream's
-    GEMM + the delta (the path of a mixed batch)."""
+    batch, so even a batch where every request has an adapter (several, or all
+    the same one) takes upstream's GEMM + the delta (the path of a mixed batch)."""
     assert not ours.deterministic_inference()  # no server config published
     published = SimpleNamespace(is_config_namespace_published=lambda name: True)
     monkeypatch.setattr(ours, "get_context", lambda: published)
@@ -621,14 +626,13 @@ def test_deterministic_inference_keeps_upstreams_gemm(monkeypatch):
             deterministic=SimpleNamespace(enable_deterministic_inference=True)
         ),
     )
-    requests = ALL_ADAPTER_REQUESTS
     indexer = _indexer(_lora_weights_proj(_weights_proj(), requests=requests))
     x, _, _ = _inputs()
 
     with _split_op_context(_lora_ids(requests)):
         indexer._get_logits_head_gate(x, _q_scale())
 
-    assert not FULL_GATE_CALLS
+    assert not FULL_GATE_CALLS and not MERGED_GEMM_CALLS
     assert indexer.fp32_gemm_calls == 1 and len(FUSED_DELTA_CALLS) == 1
 
 
@@ -638,29 +642,36 @@ def test_split_op_lora_ids_reads_the_split_op_batch():
         assert ours.split_op_lora_ids() == ["a", None]
 
 
-ONE_ADAPTER_REQUESTS = [(5, 2), (3, 2), (4, 2)]
+# Every request on the adapter of slot 1, whose rank (4) is below the pool's.
+ONE_ADAPTER_REQUESTS = [(5, 1), (3, 1), (4, 1)]
 
 
 def _merged_reference(slot, loras=None):
-    """weights_proj with the adapter of ``slot`` merged: W + s·B·A in fp32,
-    rounded once to bf16."""
+    """weights_proj with the adapter of ``slot`` merged, W + s·B·A in fp32."""
     a, b = loras or _lora_buffers()
     rank, scaling = ADAPTERS[slot]
     delta = scaling * b[slot, :, :rank].float() @ a[slot, :rank].float()
-    return (_weights_proj().weight.float() + delta).bfloat16()
+    return _weights_proj().weight.float() + delta
+
+
+def _one_adapter_gate(layer, x, q_scale=None):
+    with _split_op_context(_lora_ids(ONE_ADAPTER_REQUESTS)):
+        return _indexer(layer)._get_logits_head_gate(x, _q_scale() if q_scale is None else q_scale)
 
 
 @pytest.mark.parametrize("backend", ["triton", "csgmv"])
 def test_head_gate_with_one_adapter_for_every_request_is_a_merged_weight_gemm(
     backend,
 ):
-    """A single-adapter batch: upstream's GEMM on W + s·B·A (rank-padding of the
-    pool slot masked off), no LoRA kernel at all, so the gate costs what it
-    costs without LoRA. The merged weight is built once per layer and adapter."""
+    """A single-adapter batch: upstream's GEMM on W + s·B·A, no LoRA kernel at
+    all, so the gate costs what it costs without LoRA. The merged weight (two
+    bf16 halves) is built once per layer and adapter, from the adapter's rank
+    only: whatever the pool slot holds past it stays out."""
     requests = ONE_ADAPTER_REQUESTS
     layer = _lora_weights_proj(_weights_proj(), backend=backend, requests=requests)
-    # Garbage past the adapter's rank in its pool slot must not leak in.
-    layer.lora_a[2, ADAPTERS[2][0] :] = 1.0
+    rank = ADAPTERS[1][0]
+    layer.lora_a[1, rank:] = float("nan")
+    layer.lora_b[1, :, rank:] = 7.0
     indexer = _indexer(layer)
     x, _, _ = _inputs()
     q_scale = _q_scale()
@@ -673,11 +684,13 @@ def test_head_gate_with_one_adapter_for_every_request_is_a_merged_weight_gemm(
     assert indexer.fp32_gemm_calls == 0
     first, second = MERGED_GEMM_CALLS
     assert second is first, "the merged weight was rebuilt"
-    assert first.dtype == torch.bfloat16
-    torch.testing.assert_close(first, _merged_reference(2), rtol=0, atol=0)
+    assert first.dtype == torch.bfloat16 and first.shape == (2 * N_HEADS, HIDDEN)
+    high, low = first.float().chunk(2)
+    merged = _merged_reference(1)
+    assert torch.equal(high, merged.bfloat16().float())
+    torch.testing.assert_close(high + low, merged, rtol=2**-15, atol=0)
     reference = _gate(_reference_logits_for(requests, x), q_scale)[:TOKENS]
-    # The merged weight's bf16 rounding, as in a merged checkpoint. (Graph
-    # padding rows get the adapter too: no request reads them.)
+    # Graph padding rows get the adapter too: no request reads them.
     torch.testing.assert_close(
         gate[:TOKENS], reference, rtol=2e-2, atol=1e-2 * reference.abs().max().item()
     )
@@ -686,28 +699,70 @@ def test_head_gate_with_one_adapter_for_every_request_is_a_merged_weight_gemm(
     assert (gate - bare)[:TOKENS].abs().amax(dim=(1, 2)).min() > bare.abs().max()
 
 
-def test_merged_weight_is_rebuilt_after_a_pool_load():
-    """A load into the LoRA memory pool may overwrite the slot a merged weight
-    came from (the same adapter id can come back with other weights): every
-    merged weight built before it is stale."""
-    requests = ONE_ADAPTER_REQUESTS
-    layer = _lora_weights_proj(_weights_proj(), requests=requests)
-    indexer = _indexer(layer)
-    x, _, _ = _inputs()
-    with _split_op_context(_lora_ids(requests)):
-        before = indexer._get_logits_head_gate(x, _q_scale())
-        layer.lora_b[2].neg_()  # the slot rewritten, as a load does
-        stale = indexer._get_logits_head_gate(x, _q_scale())
-        loads = []
-        mem_pool.count_lora_pool_loads(lambda pool, *args: loads.append(args), None, "uid", 2)
-        after = indexer._get_logits_head_gate(x, _q_scale())
-
-    assert loads == [("uid", 2)]
-    assert torch.equal(stale, before), "no load counted, so the cache stands"
+def test_merged_weight_keeps_a_small_adapter():
+    """An adapter that moves the gate by about 0.3%: one bf16 merged weight
+    keeps 8 bits of W and rounds away about half of that move; the two halves
+    keep it."""
+    layer = _lora_weights_proj(_weights_proj(), requests=ONE_ADAPTER_REQUESTS)
+    layer.lora_b[1] *= 1e-4
     a, b = _lora_buffers()
-    b[2].neg_()
-    torch.testing.assert_close(MERGED_GEMM_CALLS[-1], _merged_reference(2, (a, b)))
+    b[1] *= 1e-4
+    x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(5)).bfloat16()
+    merged = _merged_reference(1, (a, b))
+    bare = x.float() @ _weights_proj().weight.float().t()
+    move = x.float() @ merged.t() - bare
+
+    halves = MERGED_GEMM_CALLS  # the gate's merged weight, via _merged_gemm
+    _one_adapter_gate(layer, torch.cat([x, x[: ROWS - TOKENS]]))
+    high, low = halves[0].float().chunk(2)
+    kept = x.float() @ (high + low).t() - bare
+    one_bf16 = x.float() @ merged.bfloat16().float().t() - bare
+
+    assert (move.norm() / bare.norm()) < 0.01
+    assert ((kept - move).norm() / move.norm()) < 0.01
+    assert ((one_bf16 - move).norm() / move.norm()) > 0.2  # the control
+
+
+def test_merged_weight_is_rebuilt_after_a_pool_load():
+    """A load into the LoRA memory pool may rewrite the slot a merged weight
+    came from (the same adapter id can come back with other weights): the
+    pool-load hook drops every merged weight."""
+    layer = _lora_weights_proj(_weights_proj(), requests=ONE_ADAPTER_REQUESTS)
+    x, _, _ = _inputs()
+    before = _one_adapter_gate(layer, x)
+    layer.lora_b[1].neg_()  # the slot rewritten, as a load does
+    stale = _one_adapter_gate(layer, x)
+    loads = []
+    mem_pool.drop_merged_gates_on_pool_load(
+        lambda pool, *args: loads.append(args), None, "uid", 1
+    )
+    after = _one_adapter_gate(layer, x)
+
+    assert loads == [("uid", 1)]
+    assert torch.equal(stale, before), "without the hook the cache stands"
+    a, b = _lora_buffers()
+    b[1].neg_()
+    high, low = MERGED_GEMM_CALLS[-1].float().chunk(2)
+    torch.testing.assert_close(high + low, _merged_reference(1, (a, b)), rtol=2**-15, atol=0)
     assert not torch.allclose(after, before)
+
+
+@pytest.mark.parametrize("refused", [False, True], ids=["update", "refused"])
+def test_merged_weight_is_rebuilt_after_an_online_weight_update(refused):
+    """Every online weight update runs sglang's derived-cache check before it
+    rewrites weights in place; one that goes ahead drops every merged weight,
+    a refused one (the check's error) keeps them."""
+    layer = _lora_weights_proj(_weights_proj(), requests=ONE_ADAPTER_REQUESTS)
+    x, _, _ = _inputs()
+    before = _one_adapter_gate(layer, x)
+    with torch.no_grad():
+        layer.base_layer.weight.mul_(-1.0)  # the update's in-place write
+    error = "refused" if refused else None
+
+    assert weight_updater.drop_merged_gates_on_weight_update(lambda model: error, None) == error
+    after = _one_adapter_gate(layer, x)
+
+    assert torch.equal(after, before) == refused
 
 
 def test_capture_never_caches_a_merged_weight(monkeypatch):
@@ -715,12 +770,10 @@ def test_capture_never_caches_a_merged_weight(monkeypatch):
     memory: under capture a single-adapter batch takes the whole-gate kernel."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    requests = ONE_ADAPTER_REQUESTS
-    indexer = _indexer(_lora_weights_proj(_weights_proj(), requests=requests))
+    layer = _lora_weights_proj(_weights_proj(), requests=ONE_ADAPTER_REQUESTS)
     x, _, _ = _inputs()
 
-    with _split_op_context(_lora_ids(requests)):
-        indexer._get_logits_head_gate(x, _q_scale())
+    _one_adapter_gate(layer, x)
 
     assert len(FULL_GATE_CALLS) == 1 and not MERGED_GEMM_CALLS
 
