@@ -69,8 +69,8 @@ L2 is not flushed (every variant alike: x is 7 MB at 512 tokens, 117 MB at 8192)
 Checks at 2048 tokens (4 requests of 512), on each backend and rank, against the
 fp32 reference x Wᵀ + s·(x Aᵀ) Bᵀ, as max |gate - reference| / max |reference|
 below 2e-2 (every kernel rounds x Aᵀ to bf16; an H200 run saw about 2e-3; the
-merged weight of commit 306d194, one bf16 weight, 1.6-1.9e-3; the gate without the delta must be over 10x
-that far, an H200 run saw 0.4-0.75): every request with the adapter: the
+merged weight of commit 306d194, one bf16 weight, 1.6-1.9e-3; the gate without
+the delta must be over 10x that far, an H200 run saw 0.4-0.75): every request with the adapter: the
 merged-weight GEMM once, no LoRA kernel; the same batch named as on two
 adapters: lora_head_gate launched once, nothing else;
 the 1st and 3rd with it (mixed) and the unfused reference: adapter rows, other

@@ -8,7 +8,9 @@ x·(W + ΔW)ᵀ in fp32, as a share of the adapter's move, for
   one_bf16             W + ΔW rounded once to bf16 (a merged bf16 checkpoint)
 The gate's own fp32 accumulation is the same in all (CPU matmul in fp32).
 
-    python3 benchmark/merged_gate_precision.py   # writes benchmark/results/merged_gate_precision.json
+    python3 benchmark/merged_gate_precision.py
+
+writes benchmark/results/merged_gate_precision.json.
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ def main():
         )
         print(json.dumps(rows[-1]))
     out = ROOT / "benchmark" / "results" / "merged_gate_precision.json"
-    out.write_text(json.dumps({"shapes": [N_HEADS, HIDDEN, RANK, TOKENS], "rows": rows}, indent=2) + "\n")
+    report = {"shapes": [N_HEADS, HIDDEN, RANK, TOKENS], "rows": rows}
+    out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")
 
 

@@ -20,6 +20,7 @@ import inspect
 import itertools
 import re
 import types
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -1389,3 +1390,30 @@ def test_breakable_replay_feeds_the_lora_gate_to_the_topk(monkeypatch):
         result[:TOKENS], torch.arange(TOPK, dtype=torch.int32).expand(TOKENS, TOPK)
     )
     assert bool((result[TOKENS:] == -1).all()), "padded rows must keep the -1 sentinel"
+
+
+def test_sglangs_pool_load_and_weight_update_checks_drop_merged_weights():
+    """The hooks on sglang's own functions, as applied by register(): a pool
+    load (here of the base model into slot 0, on a pool without buffers) and an
+    online update's derived-cache check each drop every merged weight."""
+    from sglang.srt.lora.mem_pool import LoRAMemoryPool
+    from sglang.srt.model_executor.model_runner_components import (
+        weight_updater as upstream_updater,
+    )
+
+    def merged_weights():
+        layer = _lora_weights_proj(_weights_proj(), requests=ONE_ADAPTER_REQUESTS)
+        _one_adapter_gate(layer, _inputs()[0])
+        assert len(ours._MERGED) == 1
+
+    merged_weights()
+    buffers = ("A_buffer", "B_buffer", "embedding_A_buffer", "embedding_B_buffer")
+    buffers += ("lm_head_A_buffer", "lm_head_B_buffer", "new_embeddings_buffer")
+    pool = SimpleNamespace(**dict.fromkeys(buffers, {}))
+    pool._clear_buffer_slot_for_base = partial(LoRAMemoryPool._clear_buffer_slot_for_base, pool)
+    LoRAMemoryPool.load_lora_weight_to_buffer(pool, None, 0, None, [], None, None)
+    assert not ours._MERGED
+
+    merged_weights()
+    assert upstream_updater._unsupported_derived_weight_cache_error(torch.nn.Linear(2, 2)) is None
+    assert not ours._MERGED
