@@ -53,6 +53,7 @@ PATCHES = (
     Patch(_ATTN + "dsa.dsa_indexer.Indexer.forward_cuda", dsa_indexer.lora_aware_split_op_dispatch, HookType.AROUND),
     Patch(_SRT + "lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer", mem_pool.drop_merged_gates_on_pool_load, HookType.AROUND),
     Patch(_SRT + "model_executor.model_runner_components.weight_updater._unsupported_derived_weight_cache_error", weight_updater.drop_merged_gates_on_weight_update, HookType.AROUND),
+    Patch(_SRT + "model_executor.model_runner_components.weight_updater.WeightUpdater.end_weight_update", weight_updater.drop_merged_gates_after_weight_update_session, HookType.AROUND),
 )  # fmt: skip
 
 
