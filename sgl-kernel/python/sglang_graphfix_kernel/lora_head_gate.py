@@ -37,17 +37,21 @@ import triton.language as tl
 
 @triton.jit
 def _segment_rows(
-    seg_indptr_ptr, weight_indices_ptr, lora_ranks_ptr, block, BLOCK_M: tl.constexpr
-):
-    """This program's rows of its request: (rows, row_ok, lora, rank, active)."""
+    seg_indptr_ptr, weight_indices_ptr, lora_ranks_ptr, block, count, T,
+    BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    """This program's BLOCK_M rows of its segment (program_id 1): (rows,
+    row_ok, lora, rank, in_segment). Segments below ``count`` are requests;
+    segment ``count`` is the graph padding rows up to T (rank 0)."""
     segment = tl.program_id(1)
-    lora = tl.load(weight_indices_ptr + segment)
-    rank = tl.load(lora_ranks_ptr + lora)
+    is_req = segment < count
+    lora = tl.load(weight_indices_ptr + segment, mask=is_req, other=0)
+    rank = tl.where(is_req, tl.load(lora_ranks_ptr + lora), 0)
     start = tl.load(seg_indptr_ptr + segment)
-    length = tl.load(seg_indptr_ptr + segment + 1) - start
+    end = tl.where(is_req, tl.load(seg_indptr_ptr + segment + 1, mask=is_req), T)
     offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    active = (rank > 0) & (block * BLOCK_M < length)
-    return (start + offs_m).to(tl.int64), offs_m < length, lora, rank, active
+    rows = (start + offs_m).to(tl.int64)
+    return rows, offs_m < end - start, lora, rank, block * BLOCK_M < end - start
 
 
 @triton.jit
@@ -170,10 +174,12 @@ def _lora_head_gate_delta_kernel(
     shrink, then (split K: by the row tile's last split, _is_last_split)
     expand and add."""
     block, split = tl.program_id(0) // SPLIT_K, tl.program_id(0) % SPLIT_K
-    rows, row_ok, lora, rank, active = _segment_rows(
-        seg_indptr_ptr, weight_indices_ptr, lora_ranks_ptr, block, BLOCK_M
-    )
-    if active:
+    # One segment per request, no padding segment (its rows are not touched).
+    rows, row_ok, lora, rank, in_segment = _segment_rows(
+        seg_indptr_ptr, weight_indices_ptr, lora_ranks_ptr, block,
+        tl.num_programs(1), 0, BLOCK_M,
+    )  # fmt: skip
+    if in_segment & (rank > 0):
         k_begin = split * K_SPLIT
         shrink = _shrink(
             x_ptr, a_ptr, rows, row_ok, lora, rank, k_begin,
@@ -210,16 +216,10 @@ def _lora_head_gate_kernel(
     share every x tile. Segment ``count`` is the graph padding past the
     requests (base only)."""
     block, split = tl.program_id(0) // SPLIT_K, tl.program_id(0) % SPLIT_K
-    segment = tl.program_id(1)
-    is_req = segment < count
-    lora = tl.load(weight_indices_ptr + segment, mask=is_req, other=0)
-    rank = tl.where(is_req, tl.load(lora_ranks_ptr + lora), 0)
-    start = tl.load(seg_indptr_ptr + segment)
-    end = tl.where(is_req, tl.load(seg_indptr_ptr + segment + 1, mask=is_req), T)
-    offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = offs_m < end - start
-    rows = (start + offs_m).to(tl.int64)
-    if block * BLOCK_M < end - start:
+    rows, row_ok, lora, rank, in_segment = _segment_rows(
+        seg_indptr_ptr, weight_indices_ptr, lora_ranks_ptr, block, count, T, BLOCK_M
+    )
+    if in_segment:
         k_begin = split * K_SPLIT
         k_end = tl.minimum(K, k_begin + K_SPLIT)
         offs_k = k_begin + tl.arange(0, BLOCK_K)
@@ -244,7 +244,7 @@ def _lora_head_gate_kernel(
             a_ptrs += BLOCK_K
         is_last = True
         if SPLIT_K > 1:
-            tile = segment * (tl.num_programs(0) // SPLIT_K) + block
+            tile = tl.program_id(1) * (tl.num_programs(0) // SPLIT_K) + block
             _store_partial(acc, part_ptr, rows, row_ok, split, stride_part, BLOCK_N)
             _store_partial(acc_r, part_r_ptr, rows, row_ok, split, stride_part_r, BLOCK_R)
             is_last = _is_last_split(counter_ptr + tile, SPLIT_K)
