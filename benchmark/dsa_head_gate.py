@@ -70,10 +70,10 @@ Checks at 2048 tokens (4 requests of 512), on each backend and rank, against the
 fp32 reference x Wᵀ + s·(x Aᵀ) Bᵀ, as max |gate - reference| / max |reference|
 below 2e-2 (every kernel rounds x Aᵀ to bf16; an H200 run saw about 2e-3; the
 merged weight of commit 306d194, one bf16 weight, 1.6-1.9e-3; the gate without
-the delta must be over 10x that far, an H200 run saw 0.4-0.75): every request with the adapter: the
-merged-weight GEMM once, no LoRA kernel; the same batch named as on two
-adapters: lora_head_gate launched once, nothing else;
-the 1st and 3rd with it (mixed) and the unfused reference: adapter rows, other
+the delta must be over 10x that far, an H200 run saw 0.4-0.75): every request
+with the adapter: the merged-weight GEMM once, no LoRA kernel; the same batch
+named as on two adapters: lora_head_gate launched once, nothing else; the 1st
+and 3rd with it (mixed) and the unfused reference: adapter rows, other
 rows bit-identical to the gate without LoRA, the delta kernel launched once;
 with no request on an adapter the whole gate bit-identical to upstream's and
 neither kernel launched.

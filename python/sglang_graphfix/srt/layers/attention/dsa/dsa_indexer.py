@@ -132,9 +132,9 @@ _MERGED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def merged_weights_proj(layer, lora_id: str, batch_info) -> torch.Tensor:
     """weights_proj with adapter ``lora_id`` (the batch's only one) merged in:
     W + s·B·A in fp32, as two stacked halves in W's dtype, (2N, K), whose sum
-    holds it to about 16 bits (W in bf16, as DeepSeek-V3.2's). A single bf16 weight (8 bits) would err by 17%
-    of the move of an adapter that moves the gate by 1%, by 48% at 0.3%
-    (benchmark/merged_gate_precision.py).
+    holds it to about 16 bits (W in bf16, as DeepSeek-V3.2's). A single bf16
+    weight (8 bits) would err by 17% of the move of an adapter that moves the
+    gate by 1%, by 48% at 0.3% (benchmark/merged_gate_precision.py).
 
     Built from the adapter's pool slot, read on the device (the first
     request's: lora_ids and the batch info's requests share the batch's
@@ -152,7 +152,8 @@ def merged_weights_proj(layer, lora_id: str, batch_info) -> torch.Tensor:
         )
         a = torch.where(in_rank[:, None], a, 0.0)
         b = torch.where(in_rank[None, :], b, 0.0)
-        weight = layer.weight.float() + batch_info.scalings.index_select(0, slot) * (b @ a)
+        scaling = batch_info.scalings.index_select(0, slot)
+        weight = layer.weight.float() + scaling * (b @ a)
         high = weight.to(layer.weight.dtype)
         low = (weight - high.float()).to(layer.weight.dtype)
         halves = merged[lora_id] = torch.cat([high, low])
