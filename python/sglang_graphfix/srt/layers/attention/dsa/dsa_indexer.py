@@ -80,14 +80,12 @@ def weights_proj_has_lora(indexer) -> bool:
 
 
 def lora_head_gate_logits(indexer, x: torch.Tensor) -> torch.Tensor:
-    """``weights_proj(x)`` in fp32 with the live batch's adapters.
+    """``weights_proj(x)`` in fp32 with the live batch's adapters, for a batch that
+    batch_merged_weights_proj leaves to it (not all on one adapter).
 
-    - Every request on one adapter (a single-adapter deployment): upstream's
-      fp32-output GEMM on that adapter's merged weight W + s·B·A, two bf16
-      halves in one GEMM of 2N columns (cached per layer, merged_weights_proj),
-      then the halves added: x is read once, as without LoRA.
-    - Every request on an adapter, several adapters: one kernel computes base
-      and delta from a single read of x (lora_head_gate).
+    - Every request on an adapter, several adapters (or one, while a graph is
+      captured): one kernel computes base and delta from a single read of x
+      (lora_head_gate).
     - A request without an adapter: upstream's fp32 base GEMM, then the delta
       for the rows of requests with one, so rows without one keep that GEMM
       bit for bit: one fused launch on sglang's dense LoRA backends (csgmv,
@@ -111,14 +109,46 @@ def lora_head_gate_logits(indexer, x: torch.Tensor) -> torch.Tensor:
         and not deterministic_inference()
         and layer.weight.dtype == x.dtype
     ):
-        if len(set(lora_ids)) == 1 and not capturing():
-            halves = merged_weights_proj(layer, lora_ids[0], batch_info)
-            logits = bf16_gemm_fp32_out(x, halves)  # (tokens, 2N)
-            n = halves.shape[0] // 2
-            return logits[:, :n] + logits[:, n:]
         return lora_head_gate(x, layer.weight, layer.lora_a, layer.lora_b, batch_info)
     base = indexer._weights_proj_bf16_in_fp32_out(x)
     return add_lora_head_gate_delta_(base, x, layer.lora_a, layer.lora_b, batch_info)
+
+
+def batch_merged_weights_proj(indexer, x: torch.Tensor) -> torch.Tensor | None:
+    """merged_weights_proj of the live batch's adapter when every request is on
+    that one adapter (a single-adapter deployment) and the gate may depend on
+    the batch (not under --enable-deterministic-inference), else None. Not
+    while a graph is captured: a captured merged weight would be baked in."""
+    layer = indexer.weights_proj
+    backend = layer.lora_backend
+    if not (
+        dsa_indexer._is_cuda
+        and isinstance(backend, (ChunkedSgmvLoRABackend, TritonLoRABackend))
+        and layer.weight.dtype == x.dtype
+    ):
+        return None
+    lora_ids = split_op_lora_ids()
+    if (
+        not lora_ids
+        or None in lora_ids
+        or len(set(lora_ids)) != 1
+        or capturing()
+        or deterministic_inference()
+    ):
+        return None
+    return merged_weights_proj(layer, lora_ids[0], backend.get_batch_info())
+
+
+@torch.compile(dynamic=True)
+def scale_merged_head_gates(
+    logits: torch.Tensor, q_scale: torch.Tensor, n_heads: int, softmax_scale: float
+) -> torch.Tensor:
+    """Indexer._scale_head_gates of the merged weight's gate: ``logits`` holds
+    the two halves' logits side by side (tokens, 2N); their sum is scaled in
+    the same fused kernel, so the merged gate launches what upstream's does
+    (the GEMM, then one pointwise kernel)."""
+    weights = (logits[:, :n_heads] + logits[:, n_heads:]) * n_heads**-0.5
+    return weights.unsqueeze(-1) * q_scale * softmax_scale
 
 
 def bf16_gemm_fp32_out(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -214,12 +244,13 @@ def capturing() -> bool:
 #          the head gate includes the live batch's adapters.
 # Why:     The graph split op (bcg_dsa_indexer_prefill_split) builds the gate
 #          from weights_proj.weight alone, silently dropping the adapter.
-# How:     Batches without an adapter run upstream's gate unchanged. Otherwise
-#          lora_head_gate_logits (one adapter for all: upstream's GEMM on
-#          the merged weight's two halves; several: one launch for base + delta;
-#          a request without one: the base GEMM + one fused delta launch), then the same
-#          scaling as the fused-path gate (_scale_head_gates). Rows without an
-#          adapter equal upstream's gate.
+# How:     Batches without an adapter run upstream's gate unchanged. One
+#          adapter for all: upstream's GEMM on the merged weight's two halves,
+#          added inside the scaling (scale_merged_head_gates). Otherwise
+#          lora_head_gate_logits (several: one launch for base + delta; a
+#          request without one: the base GEMM + one fused delta launch), then
+#          upstream's scaling (_scale_head_gates). Rows without an adapter
+#          equal upstream's gate.
 # Upstream: sglang/srt/layers/attention/dsa/dsa_indexer.py::Indexer._get_logits_head_gate
 # Removal: once the upstream split op applies weights_proj LoRA.
 def lora_aware_head_gate(original, self, x, q_scale):
@@ -230,6 +261,11 @@ def lora_aware_head_gate(original, self, x, q_scale):
         return original(self, x, q_scale)
     if isinstance(x, tuple):
         raise RuntimeError(QUANTIZED_ACTIVATIONS_LORA_ERROR)
+    halves = batch_merged_weights_proj(self, x)
+    if halves is not None:
+        return scale_merged_head_gates(
+            bf16_gemm_fp32_out(x, halves), q_scale, self.n_heads, self.softmax_scale
+        )
     return self._scale_head_gates(lora_head_gate_logits(self, x), q_scale)
 
 
