@@ -17,8 +17,8 @@ requests have an adapter). Six head gates per shape:
                      a single-adapter deployment): upstream's fp32 cuBLAS GEMM on
                      the adapter's merged weight W + s·B·A as two stacked bf16
                      halves (128 x 7168; built on the first call, then cached),
-                     the halves added, then the compiled scaling
-                     (_scale_head_gates)
+                     the halves added inside the compiled scaling
+                     (scale_merged_head_gates)
   lora_adapter_whole_gate
                      the same batch through the path of a batch where every
                      request has an adapter but not the same one (its lora_ids
@@ -69,7 +69,8 @@ L2 is not flushed (every variant alike: x is 7 MB at 512 tokens, 117 MB at 8192)
 Checks at 2048 tokens (4 requests of 512), on each backend and rank, against the
 fp32 reference x Wᵀ + s·(x Aᵀ) Bᵀ, as max |gate - reference| / max |reference|
 below 2e-2 (every kernel rounds x Aᵀ to bf16; an H200 run saw about 2e-3; the
-merged weight of commit 306d194, one bf16 weight, 1.6-1.9e-3; the gate without
+merged weight as one bf16 weight (commit 306d194) 1.6-1.9e-3, as two bf16 halves
+(commit 028a40b) 4.6-6.4e-6; the gate without
 the delta must be over 10x that far, an H200 run saw 0.4-0.75): every request
 with the adapter: the merged-weight GEMM once, no LoRA kernel; the same batch
 named as on two adapters: lora_head_gate launched once, nothing else; the 1st
