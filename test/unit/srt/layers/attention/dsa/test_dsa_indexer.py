@@ -426,27 +426,17 @@ def _gate(logits, q_scale):
     return (logits * N_HEADS**-0.5).unsqueeze(-1) * q_scale * SOFTMAX_SCALE
 
 
-def _reference_logits(x, max_rank=MAX_RANK):
-    """x Wᵀ + s·(x Aᵀ) Bᵀ in fp32, each request with its own adapter (none for
-    slot 0 and the padding)."""
-    weight = _weights_proj().weight.float()
-    a, b = _lora_buffers(max_rank)
-    logits = x.float() @ weight.t()
-    for slot, (rank, scaling) in _adapters(max_rank).items():
-        rows = _rows({slot})
-        xa = x[rows].float() @ a[slot, :rank].float().t()
-        logits[rows] += scaling * xa @ b[slot, :, :rank].float().t()
-    return logits
-
-
-def _reference_logits_for(requests, x):
-    """_reference_logits for ``requests`` (every one with an adapter)."""
+def _reference_logits(x, max_rank=MAX_RANK, requests=REQUESTS):
+    """x Wᵀ + s·(x Aᵀ) Bᵀ in fp32, each of ``requests`` with its own adapter
+    (none for slot 0 and the padding)."""
     logits, start = _bare_logits(x), 0
-    a, b = _lora_buffers()
+    a, b = _lora_buffers(max_rank)
+    adapters = _adapters(max_rank)
     for n, slot in requests:
-        rank, scaling = ADAPTERS[slot]
-        xa = x[start : start + n].float() @ a[slot, :rank].float().t()
-        logits[start : start + n] += scaling * xa @ b[slot, :, :rank].float().t()
+        if slot in adapters:
+            rank, scaling = adapters[slot]
+            xa = x[start : start + n].float() @ a[slot, :rank].float().t()
+            logits[start : start + n] += scaling * xa @ b[slot, :, :rank].float().t()
         start += n
     return logits
 
@@ -583,7 +573,7 @@ def test_head_gate_with_several_adapters_is_one_kernel(backend):
     (batch_info,) = FULL_GATE_CALLS
     assert batch_info is layer.lora_backend.batch_info
     assert indexer.fp32_gemm_calls == 0 and not FUSED_DELTA_CALLS
-    reference = _gate(_reference_logits_for(requests, x), q_scale)
+    reference = _gate(_reference_logits(x, requests=requests), q_scale)
     torch.testing.assert_close(
         gate, reference, rtol=2e-2, atol=1e-2 * reference.abs().max().item()
     )
@@ -690,7 +680,7 @@ def test_head_gate_with_one_adapter_for_every_request_is_a_merged_weight_gemm(
     merged = _merged_reference(1)
     assert torch.equal(high, merged.bfloat16().float())
     torch.testing.assert_close(high + low, merged, rtol=2**-15, atol=0)
-    reference = _gate(_reference_logits_for(requests, x), q_scale)[:TOKENS]
+    reference = _gate(_reference_logits(x, requests=requests), q_scale)[:TOKENS]
     # Graph padding rows get the adapter too: no request reads them.
     torch.testing.assert_close(
         gate[:TOKENS], reference, rtol=2e-2, atol=1e-2 * reference.abs().max().item()
