@@ -79,19 +79,36 @@ def weights_proj_has_lora(indexer) -> bool:
     )
 
 
-def lora_head_gate_logits(indexer, x: torch.Tensor) -> torch.Tensor:
-    """``weights_proj(x)`` in fp32 with the live batch's adapters, for a batch that
-    batch_merged_weights_proj leaves to it (not all on one adapter).
+def fused_gate_lora_ids(indexer, x: torch.Tensor) -> list | None:
+    """The split op's lora_ids when every request of the live batch is on an
+    adapter and sgl-kernel's gates may serve it (CUDA, sglang's csgmv or triton
+    backend, W in x's dtype, not under --enable-deterministic-inference, where
+    a request's gate must not depend on what else is in its batch); else None."""
+    layer = indexer.weights_proj
+    if not (
+        dsa_indexer._is_cuda
+        and isinstance(layer.lora_backend, (ChunkedSgmvLoRABackend, TritonLoRABackend))
+        and layer.weight.dtype == x.dtype
+    ):
+        return None
+    lora_ids = split_op_lora_ids()
+    if not lora_ids or None in lora_ids or deterministic_inference():
+        return None
+    return lora_ids
 
-    - Every request on an adapter, several adapters (or one, while a graph is
-      captured): one kernel computes base and delta from a single read of x
-      (lora_head_gate).
-    - A request without an adapter: upstream's fp32 base GEMM, then the delta
-      for the rows of requests with one, so rows without one keep that GEMM
-      bit for bit: one fused launch on sglang's dense LoRA backends (csgmv,
-      triton), elsewhere the backend's own kernels.
-    Under --enable-deterministic-inference always the last: a request's gate
-    must not depend on what else is in its batch."""
+
+def lora_head_gate_logits(indexer, x: torch.Tensor, lora_ids) -> torch.Tensor:
+    """``weights_proj(x)`` in fp32 with the live batch's adapters, for a batch
+    not served by the merged weight; ``lora_ids``: fused_gate_lora_ids(indexer, x).
+
+    - Every request on an adapter (``lora_ids``), several adapters (or one,
+      while a graph is captured): one kernel computes base and delta from a
+      single read of x (lora_head_gate).
+    - Otherwise (a request without an adapter, or deterministic inference):
+      upstream's fp32 base GEMM, then the delta for the rows of requests with
+      one, so rows without one keep that GEMM bit for bit: one fused launch on
+      sglang's dense LoRA backends (csgmv, triton), elsewhere the backend's own
+      kernels."""
     layer = indexer.weights_proj  # ReplicatedLinearWithLoRA
     if not dsa_indexer._is_cuda:
         # Off CUDA upstream's base projection is the module call itself, which
@@ -102,41 +119,10 @@ def lora_head_gate_logits(indexer, x: torch.Tensor) -> torch.Tensor:
         base = indexer._weights_proj_bf16_in_fp32_out(x)
         return add_delta_with_lora_backend(layer, x, base)
     batch_info = backend.get_batch_info()
-    lora_ids = split_op_lora_ids()
-    if (
-        lora_ids
-        and None not in lora_ids
-        and not deterministic_inference()
-        and layer.weight.dtype == x.dtype
-    ):
+    if lora_ids:
         return lora_head_gate(x, layer.weight, layer.lora_a, layer.lora_b, batch_info)
     base = indexer._weights_proj_bf16_in_fp32_out(x)
     return add_lora_head_gate_delta_(base, x, layer.lora_a, layer.lora_b, batch_info)
-
-
-def batch_merged_weights_proj(indexer, x: torch.Tensor) -> torch.Tensor | None:
-    """merged_weights_proj of the live batch's adapter when every request is on
-    that one adapter (a single-adapter deployment) and the gate may depend on
-    the batch (not under --enable-deterministic-inference), else None. Not
-    while a graph is captured: a captured merged weight would be baked in."""
-    layer = indexer.weights_proj
-    backend = layer.lora_backend
-    if not (
-        dsa_indexer._is_cuda
-        and isinstance(backend, (ChunkedSgmvLoRABackend, TritonLoRABackend))
-        and layer.weight.dtype == x.dtype
-    ):
-        return None
-    lora_ids = split_op_lora_ids()
-    if (
-        not lora_ids
-        or None in lora_ids
-        or len(set(lora_ids)) != 1
-        or capturing()
-        or deterministic_inference()
-    ):
-        return None
-    return merged_weights_proj(layer, lora_ids[0], backend.get_batch_info())
 
 
 @torch.compile(dynamic=True)
@@ -245,8 +231,10 @@ def capturing() -> bool:
 # Why:     The graph split op (bcg_dsa_indexer_prefill_split) builds the gate
 #          from weights_proj.weight alone, silently dropping the adapter.
 # How:     Batches without an adapter run upstream's gate unchanged. One
-#          adapter for all: upstream's GEMM on the merged weight's two halves,
-#          added inside the scaling (scale_merged_head_gates). Otherwise
+#          adapter for all (fused_gate_lora_ids, not under stream capture: the
+#          merged weight would be baked in): upstream's GEMM on the merged
+#          weight's two halves, added inside the scaling
+#          (scale_merged_head_gates). Otherwise
 #          lora_head_gate_logits (several: one launch for base + delta; a
 #          request without one: the base GEMM + one fused delta launch), then
 #          upstream's scaling (_scale_head_gates). Rows without an adapter
@@ -261,12 +249,14 @@ def lora_aware_head_gate(original, self, x, q_scale):
         return original(self, x, q_scale)
     if isinstance(x, tuple):
         raise RuntimeError(QUANTIZED_ACTIVATIONS_LORA_ERROR)
-    halves = batch_merged_weights_proj(self, x)
-    if halves is not None:
+    lora_ids = fused_gate_lora_ids(self, x)
+    if lora_ids and len(set(lora_ids)) == 1 and not capturing():
+        batch_info = layer.lora_backend.get_batch_info()
+        halves = merged_weights_proj(layer, lora_ids[0], batch_info)
         return scale_merged_head_gates(
             bf16_gemm_fp32_out(x, halves), q_scale, self.n_heads, self.softmax_scale
         )
-    return self._scale_head_gates(lora_head_gate_logits(self, x), q_scale)
+    return self._scale_head_gates(lora_head_gate_logits(self, x, lora_ids), q_scale)
 
 
 def unsupported_graph_lora_error(forward_batch) -> str:
