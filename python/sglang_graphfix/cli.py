@@ -1,12 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``sglang-graphfix explain``: the CUDA-graph plan sglang resolves for a model and
-server flags, and every decision and warning on the way, without a GPU.
+"""``sglang-graphfix explain``: what sglang 0.5.23 does with a model and server
+flags, upstream and with sglang-graphfix, and the CUDA-graph plan with every
+decision and warning on the way, without a GPU.
 
 sglang's own resolution (``ServerArgs.resolve_once``, with the plugins sglang
-loads) runs in this process; only the hardware probes it reads are answered as
-on the chosen GPU (``simulated_gpu``). No model weights are read: a model
-directory needs its config.json only, and without one a sample config shipped
-with this package is used.
+loads) runs in this process twice: once with sglang-graphfix's hooks taken off
+(upstream), once with them on. Only the hardware probes it reads are answered as
+on the chosen GPU (``simulated_gpu``). What resolution cannot show, the failures
+that come later at graph capture, is predicted from the resolved arguments with
+the conditions sglang checks there (``upstream_outcome``, ``graphfix_outcome``).
+No model weights are read: a model directory needs its config.json only, and
+without one a sample config shipped with this package is used. Nothing is
+downloaded unless --allow-download is given.
 """
 
 from __future__ import annotations
@@ -15,17 +20,21 @@ import argparse
 import contextlib
 import importlib
 import logging
+import os
 import pkgutil
+import re
 import sys
 import textwrap
+import types
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 from unittest import mock
 
 SAMPLE_CONFIGS = Path(__file__).resolve().parent / "sample_configs"
 DEFAULT_SAMPLE = "qwen3-next"
+PLUGIN_NAME = "graphfix"  # the setup.py entry point in sglang.srt.plugins
 
 
 @dataclass(frozen=True)
@@ -154,7 +163,7 @@ class Plan:
     error: Optional[BaseException] = None
     decisions: List[Tuple[str, str]] = field(default_factory=list)
     log: List[logging.LogRecord] = field(default_factory=list)
-    graphfix_active: bool = False
+    outcome: Optional["Outcome"] = None
 
 
 def _decisions(server_args) -> List[Tuple[str, str]]:
@@ -175,26 +184,411 @@ def _decisions(server_args) -> List[Tuple[str, str]]:
     return out
 
 
-def resolve(sglang_argv: List[str], gpu: str = "h200") -> Plan:
-    """Parse ``sglang_argv`` with sglang's own server parser and resolve it as
-    sglang does at launch (plugins loaded), as on ``gpu``."""
+
+class BadInput(Exception):
+    """Input explain cannot run with: printed as one line, exit status 2."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a server started with these flags does: runs, or fails and how."""
+
+    runs: bool
+    text: str
+
+
+@dataclass(frozen=True)
+class GraphfixState:
+    """Whether sglang applies sglang-graphfix in a server started here."""
+
+    applied: bool
+    available: bool  # its hooks can be applied to the installed sglang
+    why: str
+
+
+def graphfix_state() -> GraphfixState:
+    """What sglang's plugin loader does with sglang-graphfix in a server started
+    with this environment: its entry point, SGLANG_PLUGINS, SGLANG_GRAPHFIX and
+    the installed sglang, read as load_plugins and register() read them."""
+    from importlib.metadata import entry_points
+
     import sglang_graphfix
-    from sglang.srt.plugins import load_plugins
+
+    found = sglang_graphfix.installed_sglang()
+    if found != sglang_graphfix.SUPPORTED_SGLANG:
+        return GraphfixState(
+            False,
+            False,
+            f"NOT applied: it supports sglang=={sglang_graphfix.SUPPORTED_SGLANG} "
+            f"only, found sglang=={found}",
+        )
+    switch = os.environ.get("SGLANG_GRAPHFIX", "").strip()
+    if switch.lower() in ("0", "false", "off", "no"):
+        return GraphfixState(False, True, f"OFF (SGLANG_GRAPHFIX={switch})")
+    names = [
+        ep.name
+        for ep in entry_points(group="sglang.srt.plugins")
+        if ep.value.replace(" ", "") == "sglang_graphfix:register"
+    ]
+    if not names:
+        return GraphfixState(
+            False,
+            True,
+            "NOT installed as a sglang plugin (no sglang.srt.plugins entry point; "
+            "pip install sglang-graphfix)",
+        )
+    allowed = os.environ.get("SGLANG_PLUGINS", "")
+    allowed_set = {x.strip() for x in allowed.split(",") if x.strip()}
+    if allowed_set and not allowed_set & set(names):
+        return GraphfixState(False, True, f"OFF (SGLANG_PLUGINS={allowed})")
+    return GraphfixState(True, True, "active")
+
+
+def _around_hook(wrapper) -> Tuple[object, object]:
+    """(hook, wrapped function) of a HookRegistry AROUND wrapper, whose closure
+    holds both; (None, None) for anything else."""
+    code = getattr(wrapper, "__code__", None)
+    if code is None or not {"hook", "original_fn"} <= set(code.co_freevars):
+        return None, None
+    cells = dict(zip(code.co_freevars, wrapper.__closure__))
+    return cells["hook"].cell_contents, cells["original_fn"].cell_contents
+
+
+def _graphfix_hooks() -> Dict[int, Tuple[object, str, object, object]]:
+    """sglang-graphfix's hooks applied in this process: id(wrapper) -> (owner,
+    name, wrapper, the upstream function it wraps)."""
+    from sglang_graphfix.patches import PATCHES
+
+    hooks = {}
+    for patch in PATCHES:
+        owner_path, name = patch.target.rsplit(".", 1)
+        owner = pkgutil.resolve_name(owner_path)
+        wrapper = getattr(owner, name)
+        hook, original = _around_hook(wrapper)
+        if hook is patch.hook:
+            hooks[id(wrapper)] = (owner, name, wrapper, original)
+            continue
+        while wrapper is not None:  # ours further in: another hook wraps it
+            if _around_hook(wrapper)[0] is patch.hook:
+                raise RuntimeError(
+                    f"cannot show upstream's plan: another plugin's hook on "
+                    f"{patch.target} wraps sglang-graphfix's"
+                )
+            wrapper = getattr(wrapper, "__wrapped__", None)
+    return hooks
+
+
+@contextlib.contextmanager
+def graphfix_hooks_removed():
+    """Upstream sglang for the duration: every hook sglang-graphfix applied is
+    replaced by the function it wraps, also where a module imported it by name
+    (HookRegistry propagated the wrapper there), and put back afterwards."""
+    hooks = _graphfix_hooks()
+    swapped = []
+    for owner, name, wrapper, original in hooks.values():
+        setattr(owner, name, original)
+        swapped.append((owner, name, wrapper))
+    for module in list(sys.modules.values()):
+        if not isinstance(module, types.ModuleType):
+            continue
+        for name, value in list(vars(module).items()):
+            hook = hooks.get(id(value))
+            if hook is not None and value is hook[2] and module is not hook[0]:
+                setattr(module, name, hook[3])
+                swapped.append((module, name, value))
+    try:
+        yield
+    finally:
+        for owner, name, wrapper in reversed(swapped):
+            setattr(owner, name, wrapper)
+
+
+def apply_graphfix() -> None:
+    """sglang-graphfix's hooks in this process, whether or not sglang's plugin
+    loader applied them (explain shows both plans wherever it runs)."""
+    import sglang_graphfix
+
+    if not sglang_graphfix._registered:
+        from sglang_graphfix.patches import apply_patches
+
+        apply_patches()
+        sglang_graphfix._registered = True
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse that reports an error as one line plus a hint, exit status 2."""
+
+    def error(self, message):
+        raise BadInput(message)
+
+
+def parse_sglang_args(sglang_argv: List[str]):
+    """sglang's own server parser (prepare_server_args), its errors as BadInput
+    instead of its usage text."""
     from sglang.srt.server_args import prepare_server_args
 
+    def one_line(parser, message):
+        raise BadInput(message)
+
+    with mock.patch.object(argparse.ArgumentParser, "error", one_line):
+        try:
+            return prepare_server_args(sglang_argv)
+        except BadInput:
+            raise
+        except Exception as exc:  # a value sglang rejects while parsing
+            raise BadInput(f"{type(exc).__name__}: {exc}") from exc
+
+
+def resolve(sglang_argv: List[str], gpu: str = "h200", *, graphfix: bool = True) -> Plan:
+    """Parse ``sglang_argv`` with sglang's own server parser and resolve it as
+    sglang does at launch (plugins loaded), as on ``gpu``: with sglang-graphfix's
+    hooks (``graphfix``) or without them (upstream). The SGLANG_* variables
+    resolution exports are undone afterwards, so each resolution starts alike."""
+    from sglang.srt.plugins import load_plugins
+
+    environ = dict(os.environ)
     with _captured_logs() as (capture, records):
-        server_args = prepare_server_args(sglang_argv)
-        capture()  # prepare_server_args installed its own root handler
-        load_plugins()
-        plan = Plan(server_args, graphfix_active=sglang_graphfix._registered)
-        with simulated_gpu(gpu):
-            try:
-                server_args.resolve_once()
-            except Exception as exc:  # what stops the server at launch
-                plan.error = exc
+        try:
+            server_args = parse_sglang_args(sglang_argv)
+            capture()  # prepare_server_args installed its own root handler
+            load_plugins()
+            if graphfix:
+                apply_graphfix()
+            view = contextlib.nullcontext() if graphfix else graphfix_hooks_removed()
+            plan = Plan(server_args)
+            with view, simulated_gpu(gpu):
+                try:  # as the engine's launch does, before any model load
+                    server_args.resolve_once()
+                    server_args.check_server_args()
+                except Exception as exc:  # what stops the server at launch
+                    plan.error = exc
+                plan.outcome = (graphfix_outcome if graphfix else upstream_outcome)(plan)
+        finally:
+            os.environ.clear()
+            os.environ.update(environ)
     plan.log = records
     plan.decisions = _decisions(server_args)
     return plan
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _graph_backends(server_args) -> Tuple[str, str]:
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    graph = resolving_view(server_args).cuda_graph_config
+    return graph.prefill.backend, graph.decode.backend
+
+
+def _runs(server_args) -> Outcome:
+    prefill, decode = _graph_backends(server_args)
+    return Outcome(True, f"runs: prefill CUDA graph {prefill}, decode CUDA graph {decode}")
+
+
+def _refuses(error: BaseException) -> Outcome:
+    return Outcome(
+        False,
+        f"refuses at startup, before loading weights: {type(error).__name__}: {error}",
+    )
+
+
+def upstream_full_prefill_graph_failure(server_args) -> Optional[str]:
+    """How upstream sglang 0.5.23 fails to capture a full prefill graph that its
+    resolution let through (None: it captures). The first prefill capture plans a
+    plain extend out of graph (PrefillCudaGraphRunner.capture_one_shape ->
+    init_forward_metadata_out_graph), full-attention side first:
+      - a full-attention backend other than fa3/fa4/flashinfer (MHA) or fa3/fa4
+        (MLA) has no extend for it;
+      - then on a hybrid linear-attention model every linear backend but Inkling's
+        goes to MambaAttnBackendBase._replay_metadata, which indexes the decode
+        graph's per-batch-size buffers (state_indices_list[bs - 1]); the decode
+        graph captures after the prefill graph, so the list is still empty."""
+    from sglang.srt.arg_groups.overrides import (
+        attention_backends_of,
+        model_config_of,
+        resolved_view,
+        resolving_view,
+        use_mla_backend,
+    )
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+    from sglang_graphfix.srt.arg_groups.cuda_graph_hook import (
+        FULL_PREFILL_ATTENTION_BACKENDS,
+        FULL_PREFILL_MLA_ATTENTION_BACKENDS,
+        linear_attention_family,
+    )
+
+    if _graph_backends(server_args)[0] != Backend.FULL:
+        return None
+    if resolving_view(server_args).dllm_algorithm is not None:
+        return None  # dLLM backends plan their own prefill-graph metadata
+    attention, _ = attention_backends_of(resolved_view(server_args))
+    mla = use_mla_backend(server_args)
+    capable = FULL_PREFILL_MLA_ATTENTION_BACKENDS if mla else FULL_PREFILL_ATTENTION_BACKENDS
+    if attention is not None and attention not in capable:
+        detail = (
+            "ValueError: Invalid forward mode EXTEND for CUDA Graph replay"
+            if attention == "triton"
+            else f"the {attention} attention backend{' (MLA)' if mla else ''} plans "
+            "no extend for a full prefill graph"
+        )
+        return f"crashes at prefill graph capture: {detail}"
+    family = linear_attention_family(model_config_of(server_args))
+    if family not in (None, "Inkling short-conv"):
+        return (
+            "crashes at prefill graph capture: IndexError: list index out of range "
+            f"in HybridLinearAttnBackend._replay_metadata ({family} linear attention "
+            "under a full prefill graph)"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class _DsaIndexerLora:
+    """LoRA on a DSA model's indexer, as the server would build it."""
+
+    weights_proj: bool  # an adapter slot on indexer.weights_proj
+    fusion: bool  # indexer Q/K fusion folds weights_proj away
+    prefill: str  # prefill CUDA graph backend
+    decode: str
+    prefill_cp: bool  # DSA prefill context parallelism
+
+
+def dsa_indexer_lora(server_args) -> Optional[_DsaIndexerLora]:
+    """LoRA targets on a DSA model's indexer, None without any. Reads the
+    conditions sglang reads: is_deepseek_dsa, --lora-target-modules normalized as
+    the LoRA manager does ('all' covers the indexer's projections), the indexer
+    fusion switch (Indexer.__init__: CUDA, SGLANG_DISABLE_DSA_INDEXER_FUSION,
+    indexer_rope_interleave) and DSA prefill context parallelism (attn_cp_size)."""
+    from sglang.srt.arg_groups.overrides import model_config_of, resolved_view
+    from sglang.srt.configs.model_config import is_deepseek_dsa
+    from sglang.srt.environ import envs
+    from sglang.srt.lora.utils import DSA_INDEXER_LORA_NAMES, get_normalized_target_modules
+
+    hf_config = model_config_of(server_args).hf_config
+    view = resolved_view(server_args)
+    if not (is_deepseek_dsa(hf_config) and view.enable_lora and view.lora_target_modules):
+        return None  # without --lora-target-modules the adapters decide at load
+    targets = get_normalized_target_modules(view.lora_target_modules)
+    if "all" in targets:
+        targets = set(DSA_INDEXER_LORA_NAMES)
+    if not targets & DSA_INDEXER_LORA_NAMES:
+        return None
+    prefill, decode = _graph_backends(server_args)
+    return _DsaIndexerLora(
+        weights_proj="indexer.weights_proj" in targets,
+        fusion=bool(getattr(hf_config, "indexer_rope_interleave", False))
+        and not envs.SGLANG_DISABLE_DSA_INDEXER_FUSION.get(),
+        prefill=prefill,
+        decode=decode,
+        prefill_cp=view.attn_cp_size > 1,
+    )
+
+
+_FUSION_REFUSAL = (
+    "refuses at model load: ValueError: LoRA targets the DSA indexer, which is "
+    "incompatible with DSA indexer Q/K fusion (indexer_rope_interleave); set "
+    "SGLANG_DISABLE_DSA_INDEXER_FUSION=1"
+)
+
+
+def _dsa_lora_upstream_failure(server_args) -> Optional[str]:
+    from sglang.srt.layers.attention.dsa.dsa_prefill_cuda_graph import (
+        GRAPH_WEIGHTS_PROJ_LORA_ERROR,
+    )
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    lora = dsa_indexer_lora(server_args)
+    if lora is None:
+        return None
+    if lora.fusion:
+        return _FUSION_REFUSAL
+    # Indexer.forward_cuda raises under any breakable graph when weights_proj
+    # carries LoRA; the graphs capture at startup, prefill first.
+    phase = next(
+        (p for p, b in (("prefill", lora.prefill), ("decode", lora.decode)) if b == Backend.BREAKABLE),
+        None,
+    )
+    if lora.weights_proj and phase is not None:
+        return (
+            f"refuses at startup, capturing the breakable {phase} CUDA graph: "
+            f"RuntimeError: {GRAPH_WEIGHTS_PROJ_LORA_ERROR}"
+        )
+    return None
+
+
+def _dsa_lora_graphfix(server_args) -> Tuple[Optional[str], Optional[str]]:
+    """(failure, how it runs) for LoRA on a DSA indexer with sglang-graphfix."""
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+    from sglang_graphfix.srt.layers.attention.dsa.dsa_indexer import (
+        BREAKABLE_DECODE_LORA_ERROR,
+        BREAKABLE_PREFILL_LORA_ERROR,
+    )
+
+    lora = dsa_indexer_lora(server_args)
+    if lora is None:
+        return None, None
+    if lora.fusion:
+        return _FUSION_REFUSAL, None
+    if not lora.weights_proj:
+        return None, None
+    if lora.prefill == Backend.BREAKABLE and lora.prefill_cp:
+        return (
+            "refuses at startup, capturing the breakable prefill CUDA graph: "
+            f"RuntimeError: {BREAKABLE_PREFILL_LORA_ERROR}",
+            None,
+        )
+    if lora.decode == Backend.BREAKABLE:
+        return (
+            "refuses at startup, capturing the breakable decode CUDA graph: "
+            f"RuntimeError: {BREAKABLE_DECODE_LORA_ERROR.format(mode='DECODE')}",
+            None,
+        )
+    if lora.prefill == Backend.BREAKABLE:
+        return None, (
+            "weights_proj LoRA applied in the DSA indexer split op's head gate "
+            "under the breakable prefill graph"
+        )
+    return None, None
+
+
+def upstream_outcome(plan: Plan) -> Outcome:
+    """What upstream sglang 0.5.23 does: its resolution's refusal, else the
+    capture or load failure its resolved arguments lead to, else it runs."""
+    if plan.error is not None:
+        return _refuses(plan.error)
+    failure = upstream_full_prefill_graph_failure(
+        plan.server_args
+    ) or _dsa_lora_upstream_failure(plan.server_args)
+    return Outcome(False, failure) if failure else _runs(plan.server_args)
+
+
+def graphfix_outcome(plan: Plan) -> Outcome:
+    """What sglang 0.5.23 does with sglang-graphfix: its resolution decides the
+    full prefill graph (refusing or downgrading what cannot capture), so only
+    the DSA indexer LoRA paths it does not cover fail later."""
+    from sglang_graphfix.srt.arg_groups.cuda_graph_hook import (
+        full_prefill_graph_support,
+    )
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    if plan.error is not None:
+        return _refuses(plan.error)
+    args = plan.server_args
+    failure, lora = _dsa_lora_graphfix(args)
+    if failure:
+        return Outcome(False, failure)
+    runs = _runs(args)
+    notes = [lora] if lora else []
+    if _graph_backends(args)[0] == Backend.FULL:
+        support = full_prefill_graph_support(args)
+        if support.linear_attention in ("GDN", "KDA"):
+            notes.append(
+                f"{support.linear_attention} extend captured in the full prefill graph "
+                f"({support.linear_prefill_kernel} kernels)"
+            )
+    return Outcome(True, runs.text + "".join(f"; {n}" for n in notes))
 
 
 def _shown(record: logging.LogRecord) -> bool:
@@ -208,7 +602,29 @@ def _buckets(sizes) -> str:
     return f"{min(sizes)}..{max(sizes)} ({len(sizes)})" if sizes else "none"
 
 
-def render(plan: Plan, *, gpu: str, model_label: str) -> str:
+def _wrapper(indent: int) -> textwrap.TextWrapper:
+    return textwrap.TextWrapper(
+        width=100,
+        subsequent_indent=" " * indent,
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
+
+
+UPSTREAM_LABEL = "upstream sglang {version}:"
+GRAPHFIX_LABEL = "with sglang-graphfix:"
+
+
+def render(
+    upstream: Plan,
+    patched: Optional[Plan],
+    *,
+    state: GraphfixState,
+    gpu: str,
+    model_label: str,
+) -> str:
+    """Both outcomes side by side, then the details of the plan a server started
+    here gets (with sglang-graphfix when sglang applies it, else upstream's)."""
     import sglang_graphfix
     from sglang.srt.arg_groups.overrides import (
         attention_backends_of,
@@ -221,19 +637,18 @@ def render(plan: Plan, *, gpu: str, model_label: str) -> str:
     )
 
     spec = GPUS[gpu]
-    args = plan.server_args
-    wrap = textwrap.TextWrapper(
-        width=100,
-        subsequent_indent=" " * 4,
-        break_on_hyphens=False,
-        break_long_words=False,
-    )
-    state = "active" if plan.graphfix_active else "NOT loaded: upstream sglang's plan"
+    version = sglang_graphfix.installed_sglang()
+    here = patched if state.applied and patched is not None else upstream
+    if state.applied:
+        first = "sglang-graphfix: active, a server started here gets the plan 'with sglang-graphfix'"
+    else:
+        first = f"sglang-graphfix: {state.why}; a server started here gets upstream's plan"
     lines = [
-        f"sglang {sglang_graphfix.installed_sglang()} with sglang-graphfix ({state}), "
-        f"resolved as on an {spec.name} (sm{spec.sm}, {spec.memory_mib / 1024:.0f} GiB; "
-        "simulated, no GPU used)",
+        first,
+        f"sglang {version}, as on an {spec.name} (sm{spec.sm}, "
+        f"{spec.memory_mib / 1024:.0f} GiB; simulated, no GPU used)",
     ]
+    args = here.server_args
     support = None
     try:
         arch = model_config_of(args).hf_config.architectures[0]
@@ -252,12 +667,25 @@ def render(plan: Plan, *, gpu: str, model_label: str) -> str:
             f"linear attention {linear}"
         )
     lines.append("")
-    lines.append("plan")
-    if plan.error is not None:
+    labels = [UPSTREAM_LABEL.format(version=version), GRAPHFIX_LABEL]
+    width = max(map(len, labels)) + 2
+    outcome_wrap = _wrapper(width)
+    graphfix_text = (
+        patched.outcome.text
+        if patched is not None
+        else f"not available ({state.why})"
+    )
+    for label, text in zip(labels, (upstream.outcome.text, graphfix_text)):
+        lines += outcome_wrap.wrap(f"{label:<{width}}{_one_line(text)}")
+
+    wrap = _wrapper(4)
+    view = "with sglang-graphfix" if here is patched else "upstream sglang"
+    lines += ["", f"plan ({view})"]
+    if here.error is not None:
         lines.append("  the server refuses to start (before loading any weights):")
         lines += [
             "  " + line
-            for line in wrap.wrap(f"{type(plan.error).__name__}: {plan.error}")
+            for line in wrap.wrap(f"{type(here.error).__name__}: {here.error}")
         ]
     else:
         graph = resolving_view(args).cuda_graph_config
@@ -269,7 +697,7 @@ def render(plan: Plan, *, gpu: str, model_label: str) -> str:
             f"  decode CUDA graph   {graph.decode.backend:<9} "
             f"batch sizes {_buckets(graph.decode.bs or [])}"
         )
-        if support is not None:
+        if support is not None and here is patched:
             verdict = (
                 "can capture here"
                 if support.capable
@@ -279,9 +707,9 @@ def render(plan: Plan, *, gpu: str, model_label: str) -> str:
                 "  " + line for line in wrap.wrap(f"full prefill graph  {verdict}")
             ]
     lines += ["", "decisions (sglang's resolution record, in order)"]
-    width = max((len(s) for s, _ in plan.decisions), default=0)
-    lines += [f"  {s:<{width}}  {d}" for s, d in plan.decisions] or ["  none"]
-    shown = [r for r in plan.log if _shown(r)]
+    width = max((len(s) for s, _ in here.decisions), default=0)
+    lines += [f"  {s:<{width}}  {d}" for s, d in here.decisions] or ["  none"]
+    shown = [r for r in here.log if _shown(r)]
     lines += ["", "log (warnings, and sglang's prefill-graph decisions)"]
     for r in shown:
         lines += [
@@ -293,6 +721,28 @@ def render(plan: Plan, *, gpu: str, model_label: str) -> str:
     return "\n".join(lines)
 
 
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def check_model_path(path: str, allow_download: bool) -> None:
+    """A model directory with a config.json, or a hub id with --allow-download."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise BadInput(f"--model-path {path}: the directory has no config.json")
+        return
+    if p.exists():
+        raise BadInput(f"--model-path {path}: not a directory (give the model directory)")
+    if allow_download and _HUB_ID.match(path):
+        return
+    hub = (
+        "; to read a Hugging Face Hub model's config.json, add --allow-download"
+        if _HUB_ID.match(path)
+        else ""
+    )
+    raise BadInput(f"--model-path {path}: no such directory{hub}")
+
+
 def samples() -> List[str]:
     return sorted(
         p.name for p in SAMPLE_CONFIGS.iterdir() if (p / "config.json").exists()
@@ -300,18 +750,21 @@ def samples() -> List[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sglang-graphfix", allow_abbrev=False)
+    parser = _OneLineParser(prog="sglang-graphfix", allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
     explain = commands.add_parser(
         "explain",
         allow_abbrev=False,
-        help="print the CUDA-graph plan sglang resolves, and why (no GPU needed)",
+        help="what sglang does with a model and flags, upstream and with "
+        "sglang-graphfix, and its CUDA-graph plan (no GPU needed)",
         description=(
             "Resolve sglang's server arguments as sglang does at launch, with the "
-            "plugins it loads, as on the chosen GPU, and print the prefill/decode "
-            "CUDA-graph plan and every decision and warning on the way. Any other "
-            "flag goes to sglang's server parser, e.g. --cuda-graph-backend-prefill "
-            "full --attention-backend triton."
+            "plugins it loads, as on the chosen GPU: once as upstream sglang, once "
+            "with sglang-graphfix. Print what each does (runs, refuses, or fails "
+            "at graph capture), then the prefill/decode CUDA-graph plan a server "
+            "started here gets and every decision and warning on the way. Any "
+            "other flag goes to sglang's server parser (see sglang serve --help), "
+            "e.g. --cuda-graph-backend-prefill full --attention-backend triton."
         ),
     )
     explain.add_argument(
@@ -327,24 +780,57 @@ def _parser() -> argparse.ArgumentParser:
         help="sample config shipped with sglang-graphfix, used without --model-path",
     )
     explain.add_argument("--gpu", choices=sorted(GPUS), default="h200")
+    explain.add_argument(
+        "--allow-download",
+        action="store_true",
+        help="let a Hugging Face Hub id as --model-path download its config.json "
+        "(otherwise nothing is downloaded)",
+    )
     return parser
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """Exit status: 0 when the server would start, 1 when it would refuse."""
-    warnings.filterwarnings("ignore")  # import-time notices of sglang's quant modules
-    args, sglang_argv = _parser().parse_known_args(argv)
+def explain(args, sglang_argv: List[str]) -> int:
+    """Exit status: 0 when a server started here runs, 1 when it would refuse
+    or fail at startup."""
     if args.model_path:
+        check_model_path(args.model_path, args.allow_download)
         model, label = args.model_path, args.model_path
     else:
         model = str(SAMPLE_CONFIGS / args.sample)
         label = f"sample config {args.sample!r}: {model}"
+    if not args.allow_download:
+        # Before huggingface_hub reads them at import: no request, no retry.
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        os.environ["TRANSFORMERS_OFFLINE"] = "1"
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    plan = resolve(["--model-path", model, *sglang_argv], gpu=args.gpu)
-    print(render(plan, gpu=args.gpu, model_label=label))
-    return 1 if plan.error is not None else 0
+    argv = ["--model-path", model, *sglang_argv]
+    state = graphfix_state()
+    # Upstream first: in a fresh process nothing is patched yet.
+    upstream = resolve(argv, gpu=args.gpu, graphfix=False)
+    patched = resolve(argv, gpu=args.gpu) if state.available else None
+    print(render(upstream, patched, state=state, gpu=args.gpu, model_label=label))
+    here = patched if state.applied and patched is not None else upstream
+    return 0 if here.outcome.runs else 1
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    warnings.filterwarnings("ignore")  # import-time notices of sglang's quant modules
+    words = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args, rest = _parser().parse_known_args(words)
+        if args.command == "explain":
+            return explain(args, rest)
+        raise BadInput(f"unrecognized arguments: {' '.join(rest)}")
+    except BadInput as exc:
+        command = " explain" if "explain" in words else ""
+        print(
+            f"sglang-graphfix{command}: error: {_one_line(exc)} "
+            f"(see sglang-graphfix{command} --help)",
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":
