@@ -1,10 +1,12 @@
-"""``sglang-graphfix explain``: sglang's real resolution, as on an H200, printed."""
+"""``sglang-graphfix explain``: sglang's real resolution, as on an H200, printed for
+upstream sglang 0.5.23 and with sglang-graphfix."""
 
 import importlib.metadata
 import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -12,17 +14,31 @@ from tiny_configs import FAMILIES, write_config
 
 from sglang.srt.arg_groups.overrides import model_config_of
 from sglang.srt.server_args import ServerArgs
+import sglang_graphfix
 from sglang_graphfix import cli
 from sglang_graphfix.srt.arg_groups.cuda_graph_hook import linear_attention_family
 
 ROOT = Path(__file__).resolve().parents[2]
-DEMO = [
+# The README's demos: the full prefill graph on a hybrid linear-attention model,
+# and LoRA on DeepSeek-V3.2's indexer weights_proj.
+DEMO = ["explain", "--cuda-graph-backend-prefill", "full"]
+DSA_DEMO = [
     "explain",
-    "--cuda-graph-backend-prefill",
-    "full",
-    "--attention-backend",
-    "triton",
+    "--sample",
+    "deepseek-v3.2",
+    "--enable-lora",
+    "--lora-target-modules",
+    "weights_proj",
+    "--max-lora-rank",
+    "16",
 ]
+TRITON = ["--cuda-graph-backend-prefill", "full", "--attention-backend", "triton"]
+UPSTREAM = "upstream sglang 0.5.23:"
+GRAPHFIX = "with sglang-graphfix:"
+INDEX_ERROR = (
+    "crashes at prefill graph capture: IndexError: list index out of range in "
+    "HybridLinearAttnBackend._replay_metadata"
+)
 
 
 def explain(capsys, *argv):
@@ -30,23 +46,128 @@ def explain(capsys, *argv):
     return status, capsys.readouterr().out
 
 
-def test_default_plan_on_the_sample_qwen3_next(capsys):
+def outcomes(out):
+    """The two outcome lines, unwrapped: {label: text}."""
+    block = " ".join(out.split("\n\nplan")[0].split("\n\n")[-1].split())
+    upstream, graphfix = block.split(GRAPHFIX)
+    return {
+        UPSTREAM: upstream.split(UPSTREAM)[1].strip(),
+        GRAPHFIX: graphfix.strip(),
+    }
+
+
+@pytest.fixture
+def plugin_on(monkeypatch):
+    """As sglang serve would load sglang-graphfix: its entry point is installed
+    (pip install; CI does) and no switch turns it off."""
+    monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
+    monkeypatch.delenv("SGLANG_GRAPHFIX", raising=False)
+    assert cli.graphfix_state().applied, "install the package: pip install -e ."
+
+
+def test_default_plan_on_the_sample_qwen3_next(capsys, plugin_on):
     status, out = explain(capsys)
     assert status == 0
-    assert "as on an NVIDIA H200 (sm90" in out and "sglang-graphfix (active)" in out
+    first, second = out.splitlines()[:2]
+    assert first.startswith("sglang-graphfix: active")
+    assert "sglang 0.5.23, as on an NVIDIA H200 (sm90" in second
     assert (
         "Qwen3NextForCausalLM" in out
         and "linear attention GDN (prefill kernel triton)" in out
     )
     assert "attention  prefill fa3, decode fa3" in out
+    runs = "runs: prefill CUDA graph breakable, decode CUDA graph full"
+    assert outcomes(out) == {UPSTREAM: runs, GRAPHFIX: runs}
     assert "prefill CUDA graph  breakable" in out and "decode CUDA graph   full" in out
     assert "full prefill graph  can capture here" in out
     assert "_attention_backend_default  attention_backend=fa3" in out
 
 
-def test_demo_full_prefill_graph_on_triton_is_refused(capsys):
+def test_demo_full_prefill_graph_on_qwen3_next(capsys, plugin_on):
+    """Upstream crashes at capture (GDN under a full prefill graph); with the
+    plugin the GDN extend is captured."""
     status, out = explain(capsys, *DEMO[1:])
+    assert status == 0
+    seen = outcomes(out)
+    assert seen[UPSTREAM] == INDEX_ERROR + " (GDN linear attention under a full prefill graph)"
+    assert seen[GRAPHFIX] == (
+        "runs: prefill CUDA graph full, decode CUDA graph full; GDN extend captured "
+        "in the full prefill graph (triton kernels)"
+    )
+    assert "plan (with sglang-graphfix)" in out
+    assert "prefill CUDA graph  full" in out and "full prefill graph  can capture here" in out
+
+
+def test_dsa_weights_proj_lora(capsys, plugin_on):
+    """Upstream refuses at startup (its breakable prefill capture raises
+    GRAPH_WEIGHTS_PROJ_LORA_ERROR); with the plugin it runs under the breakable
+    prefill graph."""
+    from sglang.srt.layers.attention.dsa.dsa_prefill_cuda_graph import (
+        GRAPH_WEIGHTS_PROJ_LORA_ERROR,
+    )
+
+    status, out = explain(capsys, *DSA_DEMO[1:])
+    assert status == 0
+    assert "DeepseekV32ForCausalLM" in out and "attention  prefill dsa, decode dsa" in out
+    seen = outcomes(out)
+    assert seen[UPSTREAM] == (
+        "refuses at startup, capturing the breakable prefill CUDA graph: "
+        f"RuntimeError: {GRAPH_WEIGHTS_PROJ_LORA_ERROR}"
+    )
+    assert seen[GRAPHFIX].startswith(
+        "runs: prefill CUDA graph breakable, decode CUDA graph full; weights_proj "
+        "LoRA applied in the DSA indexer split op's head gate"
+    )
+
+
+@pytest.mark.parametrize(
+    "flags, upstream, graphfix",
+    [
+        # Without weights_proj among the targets both run.
+        (["--lora-target-modules", "q_b_proj"], "runs", "runs"),
+        # 'all' covers the indexer's projections (auto_detect_lora_target_modules).
+        (["--lora-target-modules", "all"], "refuses at startup, capturing the breakable prefill", "runs"),
+        # No prefill graph: nothing captures the indexer.
+        (["--lora-target-modules", "weights_proj", "--cuda-graph-backend-prefill", "disabled"], "runs", "runs"),
+        # The breakable decode graph: upstream's raise, and the path the plugin does not cover.
+        (
+            ["--lora-target-modules", "weights_proj", "--cuda-graph-backend-prefill", "disabled", "--cuda-graph-backend-decode", "breakable"],
+            "refuses at startup, capturing the breakable decode CUDA graph: RuntimeError: DSA indexer weights_proj LoRA is incompatible",
+            "refuses at startup, capturing the breakable decode CUDA graph: RuntimeError: DSA indexer LoRA on indexer.weights_proj is not supported for DECODE batches",
+        ),
+    ],
+)  # fmt: skip
+def test_dsa_lora_paths(capsys, plugin_on, flags, upstream, graphfix):
+    argv = ["--sample", "deepseek-v3.2", "--enable-lora", "--max-lora-rank", "16"]
+    status, out = explain(capsys, *argv, *flags)
+    seen = outcomes(out)
+    assert seen[UPSTREAM].startswith(upstream), seen
+    assert seen[GRAPHFIX].startswith(graphfix), seen
+    assert status == (0 if graphfix == "runs" else 1)
+
+
+def test_dsa_indexer_fusion_refuses_indexer_lora_in_both(capsys, plugin_on, tmp_path):
+    """With indexer Q/K fusion (interleaved indexer RoPE) sglang's LoRA manager
+    refuses indexer LoRA at model load, with or without the plugin."""
+    config = json.loads((cli.SAMPLE_CONFIGS / "deepseek-v3.2" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "indexer_rope_interleave": True}))
+    status, out = explain(capsys, "--model-path", str(tmp_path), *DSA_DEMO[3:])
     assert status == 1
+    seen = outcomes(out)
+    assert seen[UPSTREAM] == seen[GRAPHFIX]
+    assert seen[GRAPHFIX].startswith("refuses at model load: ValueError: LoRA targets the DSA indexer")
+    assert "SGLANG_DISABLE_DSA_INDEXER_FUSION=1" in seen[GRAPHFIX]
+
+
+def test_full_prefill_graph_on_triton_is_refused(capsys, plugin_on):
+    status, out = explain(capsys, *TRITON)
+    assert status == 1
+    seen = outcomes(out)
+    assert seen[UPSTREAM] == (
+        "crashes at prefill graph capture: ValueError: Invalid forward mode EXTEND "
+        "for CUDA Graph replay"
+    )
+    assert seen[GRAPHFIX].startswith("refuses at startup, before loading weights: ValueError")
     assert "the server refuses to start (before loading any weights)" in out
     flat = " ".join(out.split())
     assert "full-attention backend triton" in flat
@@ -77,13 +198,16 @@ def test_every_rule_that_fired_is_listed(capsys):
     assert "experimental" in log  # upstream's own warning is shown too
 
 
-def test_model_path(tmp_path, capsys):
+def test_model_path(tmp_path, capsys, plugin_on):
     path = write_config("nemotron_h", tmp_path)
     status, out = explain(
         capsys, "--model-path", path, "--cuda-graph-backend-prefill", "full"
     )
     assert status == 1
     assert f"NemotronHForCausalLM  ({path})" in out
+    assert outcomes(out)[UPSTREAM] == (
+        INDEX_ERROR + " (Mamba2/short-conv linear attention under a full prefill graph)"
+    )
     assert "Mamba2/short-conv linear attention has no capturable extend" in " ".join(
         out.split()
     )
@@ -98,7 +222,23 @@ def test_sample_configs_are_the_tiny_configs(family):
     ]
     model_config = model_config_of(ServerArgs(model_path=str(sample)))
     assert linear_attention_family(model_config) == FAMILIES[family][2]
-    assert cli.samples() == sorted(f.replace("_", "-") for f in FAMILIES)
+    assert cli.samples() == sorted(
+        [f.replace("_", "-") for f in FAMILIES] + ["deepseek-v3.2"]
+    )
+
+
+def test_deepseek_v32_sample_is_a_dsa_model():
+    """The DSA sample is what sglang's DSA paths key on (is_deepseek_dsa: the
+    architecture and index_topk), with DeepSeek-V3.2's own indexer shape and RoPE
+    (no indexer_rope_interleave: sglang's indexer Q/K fusion stays off)."""
+    from sglang.srt.configs.model_config import is_deepseek_dsa
+
+    sample = cli.SAMPLE_CONFIGS / "deepseek-v3.2"
+    hf_config = model_config_of(ServerArgs(model_path=str(sample))).hf_config
+    assert hf_config.architectures == ["DeepseekV32ForCausalLM"]
+    assert is_deepseek_dsa(hf_config)
+    assert (hf_config.index_n_heads, hf_config.index_head_dim, hf_config.index_topk) == (64, 128, 2048)
+    assert not getattr(hf_config, "indexer_rope_interleave", False)
 
 
 def test_console_script_is_declared():
@@ -108,32 +248,116 @@ def test_console_script_is_declared():
     ]
 
 
-@pytest.mark.parametrize("plugins", [None, "none"])
-def test_demo_command_in_a_fresh_process(plugins):
-    """The README's demo as a user runs it, on a machine without a GPU: sglang's
-    plugin loader applies the installed sglang-graphfix (no test conftest), and
-    SGLANG_PLUGINS without graphfix turns it off (upstream's plan: full, which
-    then fails at capture)."""
+def _fresh_process(argv, plugins):
     # The working tree's package and kernels, whatever copy pip installed.
     path = os.pathsep.join(str(ROOT / d) for d in ("python", "sgl-kernel/python"))
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": path}
     env.pop("SGLANG_PLUGINS", None)
+    env.pop("SGLANG_GRAPHFIX", None)
     if plugins is not None:
         env["SGLANG_PLUGINS"] = plugins
-    done = subprocess.run(
-        [sys.executable, "-m", "sglang_graphfix.cli", *DEMO],
+    return subprocess.run(
+        [sys.executable, "-m", "sglang_graphfix.cli", *argv],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
-    out = done.stdout
+
+
+@pytest.mark.parametrize(
+    "demo, plugins",
+    [(DEMO, None), (DEMO, "none"), (DSA_DEMO, "none")],
+    ids=["qwen3-next", "qwen3-next-plugins-none", "deepseek-v3.2-plugins-none"],
+)
+def test_demo_in_a_fresh_process(demo, plugins, capsys, plugin_on):
+    """The README's demos as a user runs them, on a machine without a GPU.
+    Without SGLANG_PLUGINS sglang's loader applies the plugin and the output is
+    this process's. With SGLANG_PLUGINS=none the plugin is never applied in that
+    process, so its upstream plan is upstream sglang's own: the same two
+    outcomes as here (where the upstream plan is resolved with the plugin's hooks
+    taken off), but the first line says it is off, the details are upstream's
+    and the exit status is upstream's failure."""
+    done = _fresh_process(demo, plugins)
+    status, here = explain(capsys, *demo[1:])
+    assert status == 0
     if plugins is None:
-        assert done.returncode == 1, done.stderr[-3000:]
-        assert "sglang-graphfix (active)" in out
-        assert "refuses to start" in out and "full-attention backend triton" in out
-    else:
         assert done.returncode == 0, done.stderr[-3000:]
-        assert "sglang-graphfix (NOT loaded: upstream sglang's plan)" in out
-        assert "prefill CUDA graph  full" in out
+        assert done.stdout == here
+        return
+    assert done.returncode == 1, done.stderr[-3000:]
+    out = done.stdout
+    assert out.startswith(
+        "sglang-graphfix: OFF (SGLANG_PLUGINS=none); a server started here gets "
+        "upstream's plan\n"
+    )
+    assert here.startswith("sglang-graphfix: active, a server started here gets")
+    assert outcomes(out) == outcomes(here)
+    assert not outcomes(out)[UPSTREAM].startswith("runs")
+    assert outcomes(out)[GRAPHFIX].startswith("runs")
+    assert "plan (upstream sglang)" in out and "plan (with sglang-graphfix)" in here
+
+
+@pytest.mark.parametrize(
+    "switch, why",
+    [
+        ({"SGLANG_GRAPHFIX": "0"}, "OFF (SGLANG_GRAPHFIX=0)"),
+        ({"SGLANG_PLUGINS": "smg-servicer,smg-zmq"}, "OFF (SGLANG_PLUGINS=smg-servicer,smg-zmq)"),
+    ],
+)  # fmt: skip
+def test_plugin_off_says_so_first(capsys, monkeypatch, plugin_on, switch, why):
+    for name, value in switch.items():
+        monkeypatch.setenv(name, value)
+    status, out = explain(capsys, *DEMO[1:])
+    assert out.splitlines()[0] == (
+        f"sglang-graphfix: {why}; a server started here gets upstream's plan"
+    )
+    assert status == 1  # upstream's crash at capture
+    assert outcomes(out)[UPSTREAM].startswith(INDEX_ERROR)
+    assert outcomes(out)[GRAPHFIX].startswith("runs: prefill CUDA graph full")
+    assert "plan (upstream sglang)" in out and "full prefill graph  can" not in out
+
+
+def test_other_sglang_version_says_not_applied(capsys, monkeypatch, plugin_on):
+    monkeypatch.setattr(sglang_graphfix, "installed_sglang", lambda: "0.5.24")
+    status, out = explain(capsys, *DEMO[1:])
+    why = "NOT applied: it supports sglang==0.5.23 only, found sglang==0.5.24"
+    assert out.splitlines()[0] == (
+        f"sglang-graphfix: {why}; a server started here gets upstream's plan"
+    )
+    assert status == 1
+    flat = " ".join(out.split())
+    assert f"with sglang-graphfix: not available ({why})" in flat
+
+
+def test_upstream_plan_puts_the_hooks_back(monkeypatch):
+    """The upstream plan is resolved with every hook of sglang-graphfix taken
+    off, also in modules that imported a patched function by name, and put back
+    afterwards."""
+    from sglang.srt.arg_groups import cuda_graph_hook
+    from sglang_graphfix.patches import PATCHES, _lookup
+
+    before = {p.target: _lookup(p.target) for p in PATCHES}
+    # As `from sglang.srt.arg_groups.cuda_graph_hook import validate_cuda_graph_config`
+    # after the plugin applied (HookRegistry propagates its wrapper there too).
+    validate = cuda_graph_hook.validate_cuda_graph_config
+    importer = types.ModuleType("imports_validate_cuda_graph_config")
+    importer.validate_cuda_graph_config = validate
+    monkeypatch.setitem(sys.modules, importer.__name__, importer)
+    argv = ["--model-path", str(cli.SAMPLE_CONFIGS / "qwen3-next"), *DEMO[1:]]
+    with cli.graphfix_hooks_removed():
+        for patch in PATCHES:
+            current = _lookup(patch.target)
+            assert current is not before[patch.target], patch.target
+            assert before[patch.target].__wrapped__ is current, patch.target
+        # A module that imported a patched function by name sees upstream's too.
+        assert importer.validate_cuda_graph_config is (
+            cuda_graph_hook.validate_cuda_graph_config
+        )
+        upstream = cli.resolve(argv, graphfix=False)
+    assert {p.target: _lookup(p.target) for p in PATCHES} == before
+    assert importer.validate_cuda_graph_config is validate
+    assert upstream.outcome.text.startswith(INDEX_ERROR)
+    assert cli.resolve(argv).outcome.runs
+    assert cli.resolve(argv, graphfix=False).outcome.text.startswith(INDEX_ERROR)
