@@ -184,7 +184,6 @@ def _decisions(server_args) -> List[Tuple[str, str]]:
     return out
 
 
-
 class BadInput(Exception):
     """Input explain cannot run with: printed as one line, exit status 2."""
 
@@ -339,7 +338,9 @@ def parse_sglang_args(sglang_argv: List[str]):
             raise BadInput(f"{type(exc).__name__}: {exc}") from exc
 
 
-def resolve(sglang_argv: List[str], gpu: str = "h200", *, graphfix: bool = True) -> Plan:
+def resolve(
+    sglang_argv: List[str], gpu: str = "h200", *, graphfix: bool = True
+) -> Plan:
     """Parse ``sglang_argv`` with sglang's own server parser and resolve it as
     sglang does at launch (plugins loaded), as on ``gpu``: with sglang-graphfix's
     hooks (``graphfix``) or without them (upstream). The SGLANG_* variables
@@ -362,7 +363,9 @@ def resolve(sglang_argv: List[str], gpu: str = "h200", *, graphfix: bool = True)
                     server_args.check_server_args()
                 except Exception as exc:  # what stops the server at launch
                     plan.error = exc
-                plan.outcome = (graphfix_outcome if graphfix else upstream_outcome)(plan)
+                plan.outcome = (graphfix_outcome if graphfix else upstream_outcome)(
+                    plan
+                )
         finally:
             os.environ.clear()
             os.environ.update(environ)
@@ -384,7 +387,9 @@ def _graph_backends(server_args) -> Tuple[str, str]:
 
 def _runs(server_args) -> Outcome:
     prefill, decode = _graph_backends(server_args)
-    return Outcome(True, f"runs: prefill CUDA graph {prefill}, decode CUDA graph {decode}")
+    return Outcome(
+        True, f"runs: prefill CUDA graph {prefill}, decode CUDA graph {decode}"
+    )
 
 
 def _refuses(error: BaseException) -> Outcome:
@@ -425,7 +430,9 @@ def upstream_full_prefill_graph_failure(server_args) -> Optional[str]:
         return None  # dLLM backends plan their own prefill-graph metadata
     attention, _ = attention_backends_of(resolved_view(server_args))
     mla = use_mla_backend(server_args)
-    capable = FULL_PREFILL_MLA_ATTENTION_BACKENDS if mla else FULL_PREFILL_ATTENTION_BACKENDS
+    capable = (
+        FULL_PREFILL_MLA_ATTENTION_BACKENDS if mla else FULL_PREFILL_ATTENTION_BACKENDS
+    )
     if attention is not None and attention not in capable:
         detail = (
             "ValueError: Invalid forward mode EXTEND for CUDA Graph replay"
@@ -464,11 +471,16 @@ def dsa_indexer_lora(server_args) -> Optional[_DsaIndexerLora]:
     from sglang.srt.arg_groups.overrides import model_config_of, resolved_view
     from sglang.srt.configs.model_config import is_deepseek_dsa
     from sglang.srt.environ import envs
-    from sglang.srt.lora.utils import DSA_INDEXER_LORA_NAMES, get_normalized_target_modules
+    from sglang.srt.lora.utils import (
+        DSA_INDEXER_LORA_NAMES,
+        get_normalized_target_modules,
+    )
 
     hf_config = model_config_of(server_args).hf_config
     view = resolved_view(server_args)
-    if not (is_deepseek_dsa(hf_config) and view.enable_lora and view.lora_target_modules):
+    if not (
+        is_deepseek_dsa(hf_config) and view.enable_lora and view.lora_target_modules
+    ):
         return None  # without --lora-target-modules the adapters decide at load
     targets = get_normalized_target_modules(view.lora_target_modules)
     if "all" in targets:
@@ -507,7 +519,11 @@ def _dsa_lora_upstream_failure(server_args) -> Optional[str]:
     # Indexer.forward_cuda raises under any breakable graph when weights_proj
     # carries LoRA; the graphs capture at startup, prefill first.
     phase = next(
-        (p for p, b in (("prefill", lora.prefill), ("decode", lora.decode)) if b == Backend.BREAKABLE),
+        (
+            p
+            for p, b in (("prefill", lora.prefill), ("decode", lora.decode))
+            if b == Backend.BREAKABLE
+        ),
         None,
     )
     if lora.weights_proj and phase is not None:
@@ -642,7 +658,9 @@ def render(
     if state.applied:
         first = "sglang-graphfix: active, a server started here gets the plan 'with sglang-graphfix'"
     else:
-        first = f"sglang-graphfix: {state.why}; a server started here gets upstream's plan"
+        first = (
+            f"sglang-graphfix: {state.why}; a server started here gets upstream's plan"
+        )
     lines = [
         first,
         f"sglang {version}, as on an {spec.name} (sm{spec.sm}, "
@@ -671,9 +689,7 @@ def render(
     width = max(map(len, labels)) + 2
     outcome_wrap = _wrapper(width)
     graphfix_text = (
-        patched.outcome.text
-        if patched is not None
-        else f"not available ({state.why})"
+        patched.outcome.text if patched is not None else f"not available ({state.why})"
     )
     for label, text in zip(labels, (upstream.outcome.text, graphfix_text)):
         lines += outcome_wrap.wrap(f"{label:<{width}}{_one_line(text)}")
@@ -732,7 +748,9 @@ def check_model_path(path: str, allow_download: bool) -> None:
             raise BadInput(f"--model-path {path}: the directory has no config.json")
         return
     if p.exists():
-        raise BadInput(f"--model-path {path}: not a directory (give the model directory)")
+        raise BadInput(
+            f"--model-path {path}: not a directory (give the model directory)"
+        )
     if allow_download and _HUB_ID.match(path):
         return
     hub = (

@@ -89,13 +89,19 @@ def test_demo_full_prefill_graph_on_qwen3_next(capsys, plugin_on):
     status, out = explain(capsys, *DEMO[1:])
     assert status == 0
     seen = outcomes(out)
-    assert seen[UPSTREAM] == INDEX_ERROR + " (GDN linear attention under a full prefill graph)"
+    assert (
+        seen[UPSTREAM]
+        == INDEX_ERROR + " (GDN linear attention under a full prefill graph)"
+    )
     assert seen[GRAPHFIX] == (
         "runs: prefill CUDA graph full, decode CUDA graph full; GDN extend captured "
         "in the full prefill graph (triton kernels)"
     )
     assert "plan (with sglang-graphfix)" in out
-    assert "prefill CUDA graph  full" in out and "full prefill graph  can capture here" in out
+    assert (
+        "prefill CUDA graph  full" in out
+        and "full prefill graph  can capture here" in out
+    )
 
 
 def test_dsa_weights_proj_lora(capsys, plugin_on):
@@ -108,7 +114,9 @@ def test_dsa_weights_proj_lora(capsys, plugin_on):
 
     status, out = explain(capsys, *DSA_DEMO[1:])
     assert status == 0
-    assert "DeepseekV32ForCausalLM" in out and "attention  prefill dsa, decode dsa" in out
+    assert (
+        "DeepseekV32ForCausalLM" in out and "attention  prefill dsa, decode dsa" in out
+    )
     seen = outcomes(out)
     assert seen[UPSTREAM] == (
         "refuses at startup, capturing the breakable prefill CUDA graph: "
@@ -149,13 +157,19 @@ def test_dsa_lora_paths(capsys, plugin_on, flags, upstream, graphfix):
 def test_dsa_indexer_fusion_refuses_indexer_lora_in_both(capsys, plugin_on, tmp_path):
     """With indexer Q/K fusion (interleaved indexer RoPE) sglang's LoRA manager
     refuses indexer LoRA at model load, with or without the plugin."""
-    config = json.loads((cli.SAMPLE_CONFIGS / "deepseek-v3.2" / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, "indexer_rope_interleave": True}))
+    config = json.loads(
+        (cli.SAMPLE_CONFIGS / "deepseek-v3.2" / "config.json").read_text()
+    )
+    (tmp_path / "config.json").write_text(
+        json.dumps({**config, "indexer_rope_interleave": True})
+    )
     status, out = explain(capsys, "--model-path", str(tmp_path), *DSA_DEMO[3:])
     assert status == 1
     seen = outcomes(out)
     assert seen[UPSTREAM] == seen[GRAPHFIX]
-    assert seen[GRAPHFIX].startswith("refuses at model load: ValueError: LoRA targets the DSA indexer")
+    assert seen[GRAPHFIX].startswith(
+        "refuses at model load: ValueError: LoRA targets the DSA indexer"
+    )
     assert "SGLANG_DISABLE_DSA_INDEXER_FUSION=1" in seen[GRAPHFIX]
 
 
@@ -167,7 +181,9 @@ def test_full_prefill_graph_on_triton_is_refused(capsys, plugin_on):
         "crashes at prefill graph capture: ValueError: Invalid forward mode EXTEND "
         "for CUDA Graph replay"
     )
-    assert seen[GRAPHFIX].startswith("refuses at startup, before loading weights: ValueError")
+    assert seen[GRAPHFIX].startswith(
+        "refuses at startup, before loading weights: ValueError"
+    )
     assert "the server refuses to start (before loading any weights)" in out
     flat = " ".join(out.split())
     assert "full-attention backend triton" in flat
@@ -237,7 +253,11 @@ def test_deepseek_v32_sample_is_a_dsa_model():
     hf_config = model_config_of(ServerArgs(model_path=str(sample))).hf_config
     assert hf_config.architectures == ["DeepseekV32ForCausalLM"]
     assert is_deepseek_dsa(hf_config)
-    assert (hf_config.index_n_heads, hf_config.index_head_dim, hf_config.index_topk) == (64, 128, 2048)
+    assert (
+        hf_config.index_n_heads,
+        hf_config.index_head_dim,
+        hf_config.index_topk,
+    ) == (64, 128, 2048)
     assert not getattr(hf_config, "indexer_rope_interleave", False)
 
 
