@@ -262,11 +262,23 @@ def _graphfix_hooks() -> Dict[int, Tuple[object, str, object, object]]:
     for patch in PATCHES:
         owner_path, name = patch.target.rsplit(".", 1)
         owner = pkgutil.resolve_name(owner_path)
-        wrapper = getattr(owner, name)
-        hook, original = _around_hook(wrapper)
+        wrapper = vars(owner).get(name) if isinstance(owner, type) else None
+        if wrapper is None:
+            wrapper = getattr(owner, name)
+        # A classmethod/staticmethod stays one, as HookRegistry keeps it.
+        kind = (
+            type(wrapper) if isinstance(wrapper, (classmethod, staticmethod)) else None
+        )
+        hook, original = _around_hook(wrapper.__func__ if kind else wrapper)
         if hook is patch.hook:
-            hooks[id(wrapper)] = (owner, name, wrapper, original)
+            hooks[id(wrapper)] = (
+                owner,
+                name,
+                wrapper,
+                kind(original) if kind else original,
+            )
             continue
+        wrapper = wrapper.__func__ if kind else wrapper
         while wrapper is not None:  # ours further in: another hook wraps it
             if _around_hook(wrapper)[0] is patch.hook:
                 raise RuntimeError(
