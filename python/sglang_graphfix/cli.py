@@ -809,7 +809,12 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_SAMPLE,
         help="sample config shipped with sglang-graphfix, used without --model-path",
     )
-    explain.add_argument("--gpu", choices=sorted(GPUS), default="h200")
+    explain.add_argument(
+        "--gpu",
+        choices=sorted(GPUS),
+        default="h200",
+        help="the GPU whose probes sglang's resolution reads, simulated (default h200)",
+    )
     explain.add_argument(
         "--allow-download",
         action="store_true",
