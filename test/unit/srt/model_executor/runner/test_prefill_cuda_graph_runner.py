@@ -3,8 +3,6 @@ full prefill graph captures, the linear backends are checked and their
 CUDA-graph state is allocated once (sized for the decode runner too, without
 the full-attention child); the decode runner's later call keeps it."""
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -25,10 +23,9 @@ from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import (
 )
 from sglang_graphfix.srt.model_executor.runner import prefill_cuda_graph_runner as ours
 
-# The attention tests' CPU stand-ins.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "layers" / "attention"))
-from gdn_stub import make_gdn  # noqa: E402
-from kda_stub import make_kda, with_graph_lists  # noqa: E402
+# The attention tests' CPU stand-ins (test/).
+from gdn_stub import make_gdn
+from kda_stub import make_kda, with_graph_lists
 
 SLOTS = 4
 
