@@ -101,6 +101,8 @@ from types import SimpleNamespace
 
 import torch
 
+from provenance import provenance
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = "dsa_head_gate.json"
 # The working tree's package and its Triton kernels (sgl-kernel/python).
@@ -502,7 +504,10 @@ def _check(plain, lora_indexer, device, gen) -> dict:
         "backend": type(layer.lora_backend).__name__,
         "rank": rank,
         "tolerance": CHECK_TOLERANCE,
-        "has_active_lora": {"mixed_batch": mixed_flag, "no_adapter_batch": no_adapter_flag},
+        "has_active_lora": {
+            "mixed_batch": mixed_flag,
+            "no_adapter_batch": no_adapter_flag,
+        },
         "lora_adapter": {
             "max_rel_error": every_error(every),
             "ok": every_error(every) < CHECK_TOLERANCE,
@@ -551,17 +556,25 @@ def _variants(plain, lora_indexer, lens, rank, x, q_scale, core) -> dict:
         "no_lora": (None, None, plain._get_logits_head_gate),
         "lora_adapter": (with_adapter, every, lora_indexer._get_logits_head_gate),
         "lora_adapter_whole_gate": (
-            with_adapter, SEVERAL_ADAPTERS, lora_indexer._get_logits_head_gate
+            with_adapter,
+            SEVERAL_ADAPTERS,
+            lora_indexer._get_logits_head_gate,
         ),
         # lora_ids=None: the gate cannot tell every request has an adapter.
         "lora_adapter_gemm_plus_delta": (
-            with_adapter, None, lora_indexer._get_logits_head_gate
+            with_adapter,
+            None,
+            lora_indexer._get_logits_head_gate,
         ),
         "lora_no_adapter": (
-            without, [None] * len(lens), lora_indexer._get_logits_head_gate
+            without,
+            [None] * len(lens),
+            lora_indexer._get_logits_head_gate,
         ),
         "unfused_reference": (
-            with_adapter, every, partial(unfused_reference_gate, lora_indexer)
+            with_adapter,
+            every,
+            partial(unfused_reference_gate, lora_indexer),
         ),
     }
     variants = {}
@@ -608,8 +621,9 @@ def summary(results, checks) -> dict:
 def run(
     tokens_list, backends, rounds: int, per_round: int, warmup: int, device="cuda"
 ) -> dict:
-    import sglang_graphfix
     from sglang.srt.layers.linear import ReplicatedLinear
+
+    import sglang_graphfix
 
     sglang_graphfix.register()  # the patched Indexer._get_logits_head_gate
     # The compiled gate helpers see two Indexers and four LoRA layers here (a
@@ -661,8 +675,7 @@ def run(
                 print(json.dumps(results[-1]), flush=True)
                 del core, measured
     return {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
+        "provenance": provenance(),
         "shapes": {
             "hidden": HIDDEN,
             "index_heads": N_HEADS,
