@@ -101,8 +101,6 @@ from types import SimpleNamespace
 
 import torch
 
-from provenance import provenance
-
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = "dsa_head_gate.json"
 # The working tree's package and its Triton kernels (sgl-kernel/python).
@@ -110,7 +108,10 @@ sys.path[:0] = [
     str(ROOT / "python"),
     str(ROOT / "sgl-kernel" / "python"),
     str(ROOT / "test"),  # lora_head_gate_cases: sglang's LoRA batch preparation
+    str(ROOT / "benchmark"),  # provenance.py, also where a test loads this file
 ]
+
+from provenance import provenance  # noqa: E402
 
 HIDDEN, N_HEADS, HEAD_DIM, Q_LORA_RANK = 7168, 64, 128, 1536
 RANKS = (16, 64)
