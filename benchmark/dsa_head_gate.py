@@ -622,9 +622,8 @@ def summary(results, checks) -> dict:
 def run(
     tokens_list, backends, rounds: int, per_round: int, warmup: int, device="cuda"
 ) -> dict:
-    from sglang.srt.layers.linear import ReplicatedLinear
-
     import sglang_graphfix
+    from sglang.srt.layers.linear import ReplicatedLinear
 
     sglang_graphfix.register()  # the patched Indexer._get_logits_head_gate
     # The compiled gate helpers see two Indexers and four LoRA layers here (a

@@ -25,13 +25,13 @@ import sys
 from pathlib import Path
 
 import torch
-
 from provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "sgl-kernel" / "python"), str(ROOT / "test")]
 
 from lora_head_gate_cases import prepare  # noqa: E402
+
 from sglang_graphfix_kernel.lora_head_gate import (  # noqa: E402
     add_lora_head_gate_delta_,
     lora_head_gate,

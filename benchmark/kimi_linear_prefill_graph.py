@@ -78,9 +78,10 @@ def _graph_stats(info: dict) -> tuple:
 
 
 def measure(model_path: str, prefill: dict, warmup: int, repeats: int) -> dict:
-    import sglang
     from graphfix_bench_timer import read_forwards
     from models import prompts
+
+    import sglang
 
     timer = Path(tempfile.mkdtemp(prefix="graphfix-timer")) / "forwards.txt"
     idle = _settled_used_gib()

@@ -21,7 +21,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-
 from provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -67,9 +67,8 @@ PROFILE_BACKENDS = ("full", "breakable")
 
 
 def qwen3_next_dims(path: Path) -> str:
-    from transformers import Qwen3NextConfig
-
     from tiny_configs import add_qwen3_next_layout
+    from transformers import Qwen3NextConfig
 
     config = Qwen3NextConfig(
         vocab_size=151936,

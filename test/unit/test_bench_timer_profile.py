@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from sglang.srt.model_executor.model_runner import ModelRunner
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
+
+from sglang.srt.model_executor.model_runner import ModelRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 # Loaded from its file, not through sys.path: the plugin's folder holds its

@@ -8,6 +8,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+# The attention tests' CPU stand-ins (test/).
+from gdn_stub import make_gdn
+from kda_stub import make_kda, with_graph_lists
+
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
     HybridLinearAttnBackend,
     Mamba2AttnBackend,
@@ -22,10 +26,6 @@ from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import (
     PrefillCudaGraphRunner,
 )
 from sglang_graphfix.srt.model_executor.runner import prefill_cuda_graph_runner as ours
-
-# The attention tests' CPU stand-ins (test/).
-from gdn_stub import make_gdn
-from kda_stub import make_kda, with_graph_lists
 
 SLOTS = 4
 
