@@ -108,7 +108,10 @@ sys.path[:0] = [
     str(ROOT / "python"),
     str(ROOT / "sgl-kernel" / "python"),
     str(ROOT / "test"),  # lora_head_gate_cases: sglang's LoRA batch preparation
+    str(ROOT / "benchmark"),  # provenance.py, also where a test loads this file
 ]
+
+from provenance import provenance  # noqa: E402
 
 HIDDEN, N_HEADS, HEAD_DIM, Q_LORA_RANK = 7168, 64, 128, 1536
 RANKS = (16, 64)
@@ -502,7 +505,10 @@ def _check(plain, lora_indexer, device, gen) -> dict:
         "backend": type(layer.lora_backend).__name__,
         "rank": rank,
         "tolerance": CHECK_TOLERANCE,
-        "has_active_lora": {"mixed_batch": mixed_flag, "no_adapter_batch": no_adapter_flag},
+        "has_active_lora": {
+            "mixed_batch": mixed_flag,
+            "no_adapter_batch": no_adapter_flag,
+        },
         "lora_adapter": {
             "max_rel_error": every_error(every),
             "ok": every_error(every) < CHECK_TOLERANCE,
@@ -551,17 +557,25 @@ def _variants(plain, lora_indexer, lens, rank, x, q_scale, core) -> dict:
         "no_lora": (None, None, plain._get_logits_head_gate),
         "lora_adapter": (with_adapter, every, lora_indexer._get_logits_head_gate),
         "lora_adapter_whole_gate": (
-            with_adapter, SEVERAL_ADAPTERS, lora_indexer._get_logits_head_gate
+            with_adapter,
+            SEVERAL_ADAPTERS,
+            lora_indexer._get_logits_head_gate,
         ),
         # lora_ids=None: the gate cannot tell every request has an adapter.
         "lora_adapter_gemm_plus_delta": (
-            with_adapter, None, lora_indexer._get_logits_head_gate
+            with_adapter,
+            None,
+            lora_indexer._get_logits_head_gate,
         ),
         "lora_no_adapter": (
-            without, [None] * len(lens), lora_indexer._get_logits_head_gate
+            without,
+            [None] * len(lens),
+            lora_indexer._get_logits_head_gate,
         ),
         "unfused_reference": (
-            with_adapter, every, partial(unfused_reference_gate, lora_indexer)
+            with_adapter,
+            every,
+            partial(unfused_reference_gate, lora_indexer),
         ),
     }
     variants = {}
@@ -661,8 +675,7 @@ def run(
                 print(json.dumps(results[-1]), flush=True)
                 del core, measured
     return {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
+        "provenance": provenance(),
         "shapes": {
             "hidden": HIDDEN,
             "index_heads": N_HEADS,

@@ -21,16 +21,17 @@ Writes $OUT/dsa_head_gate_kernel_sweep.json, else benchmark/results/.
 import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
+from provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "sgl-kernel" / "python"), str(ROOT / "test")]
 
 from lora_head_gate_cases import prepare  # noqa: E402
+
 from sglang_graphfix_kernel.lora_head_gate import (  # noqa: E402
     add_lora_head_gate_delta_,
     lora_head_gate,
@@ -42,22 +43,14 @@ DELTA_CONFIGS = [None] + [
 ]
 FULL_CONFIGS = (
     [None]
-    + [{"block_m": bm, "block_k": 128, "split_k": sk} for bm in (32, 64) for sk in (1, 2, 4, 8, 16)]
+    + [
+        {"block_m": bm, "block_k": 128, "split_k": sk}
+        for bm in (32, 64)
+        for sk in (1, 2, 4, 8, 16)
+    ]
     + [{"block_m": 16, "block_k": 128, "split_k": sk} for sk in (4, 8, 16)]
     + [{"block_m": 64, "block_k": 64, "split_k": sk} for sk in (1, 4)]
 )
-
-
-def _provenance() -> str:
-    """The commit this sweep ran (its heuristics are the 'default' rows)."""
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-            text=True, check=True,
-        ).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        commit = "not recorded (no git checkout)"
-    return f"commit {commit}; 'default' is that commit's heuristic"
 
 
 def _name(config) -> str:
@@ -100,7 +93,10 @@ def main() -> None:
     weight = (torch.randn(HEADS, HIDDEN, device=dev, generator=gen) * 0.02).bfloat16()
     rows = []
     for rank in (16, 64):
-        a = torch.randn(2, rank, HIDDEN, device=dev, generator=gen).bfloat16() / HIDDEN**0.5
+        a = (
+            torch.randn(2, rank, HIDDEN, device=dev, generator=gen).bfloat16()
+            / HIDDEN**0.5
+        )
         b = torch.randn(2, HEADS, rank, device=dev, generator=gen).bfloat16() * 0.1
         a[0], b[0] = 0, 0  # slot 0: no adapter
         for tokens in (512, 2048, 8192):
@@ -150,18 +146,30 @@ def main() -> None:
                     "base_plus_delta": round(
                         100 * (row["best_delta_ms"][0] - copy_ms) / base_ms, 1
                     ),
-                    "full_gate": round(100 * (row["best_full_gate_ms"][0] / base_ms - 1), 1),
+                    "full_gate": round(
+                        100 * (row["best_full_gate_ms"][0] / base_ms - 1), 1
+                    ),
                     "full_gate_default": round(
                         100 * (row["full_gate_ms"]["default"]["ms"] / base_ms - 1), 1
                     ),
                 }
-            print(json.dumps({k: v for k, v in row.items() if k not in ("delta_ms", "full_gate_ms")}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        k: v
+                        for k, v in row.items()
+                        if k not in ("delta_ms", "full_gate_ms")
+                    }
+                ),
+                flush=True,
+            )
             rows.append(row)
     out = Path(os.environ.get("OUT") or ROOT / "benchmark" / "results")
     out.mkdir(parents=True, exist_ok=True)
     (out / "dsa_head_gate_kernel_sweep.json").write_text(
         json.dumps(
-            {"provenance": _provenance(), "device": torch.cuda.get_device_name(), "rows": rows},
+            # The 'default' rows are the heuristic of provenance's commit.
+            {"provenance": provenance(), "rows": rows},
             indent=2,
         )
         + "\n"

@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from provenance import provenance
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = "kimi_linear_prefill_graph.json"
 sys.path[:0] = [
@@ -76,9 +78,10 @@ def _graph_stats(info: dict) -> tuple:
 
 
 def measure(model_path: str, prefill: dict, warmup: int, repeats: int) -> dict:
-    import sglang
     from graphfix_bench_timer import read_forwards
     from models import prompts
+
+    import sglang
 
     timer = Path(tempfile.mkdtemp(prefix="graphfix-timer")) / "forwards.txt"
     idle = _settled_used_gib()
@@ -143,7 +146,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
     args = parser.parse_args()
-    import torch
     from models import tiny_kimi_linear
 
     warmup, repeats = (2, 5) if args.quick else (5, 30)
@@ -151,7 +153,7 @@ def main() -> None:
     out = Path(os.environ.get("OUT") or ROOT / "benchmark" / "results")
     out.mkdir(parents=True, exist_ok=True)
     report = {
-        "device": torch.cuda.get_device_name(),
+        "provenance": provenance(),
         "model": "tiny random Kimi-Linear (test/gpu/models.py): 3 KDA + 1 MLA layer",
         "workload": f"1 prompt x L tokens, max_new_tokens=1, radix cache off; median of {repeats} after {warmup} warmups",
         "prefill_backend": {},

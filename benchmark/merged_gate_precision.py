@@ -21,6 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel" / "python")]
@@ -62,20 +63,28 @@ def main():
         exact = x @ (weight.float() + delta).t()
         effect = (exact - bare).norm()
         drop_merged_weights_proj()
-        halves = merged_weights_proj(_LoRALayer(weight, lora_a, lora_b), "a", batch_info)
+        halves = merged_weights_proj(
+            _LoRALayer(weight, lora_a, lora_b), "a", batch_info
+        )
         high, low = halves.float().chunk(2)
         ours = x @ high.t() + x @ low.t()
         one_bf16 = x @ (weight.float() + delta).bfloat16().float().t()
         rows.append(
             {
                 "adapter_moves_gate_by": round(float(effect / bare.norm()), 4),
-                "merged_weights_proj_error_share": float((ours - exact).norm() / effect),
+                "merged_weights_proj_error_share": float(
+                    (ours - exact).norm() / effect
+                ),
                 "one_bf16_error_share": float((one_bf16 - exact).norm() / effect),
             }
         )
         print(json.dumps(rows[-1]))
     out = ROOT / "benchmark" / "results" / "merged_gate_precision.json"
-    report = {"shapes": [N_HEADS, HIDDEN, RANK, TOKENS], "rows": rows}
+    report = {
+        "provenance": provenance(),
+        "shapes": [N_HEADS, HIDDEN, RANK, TOKENS],
+        "rows": rows,
+    }
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")
 

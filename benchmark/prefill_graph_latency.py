@@ -30,7 +30,7 @@ busy union), GPU-idle fraction, the inclusive host ms of record_function markers
 around sglang's replay steps (load_batch, attention metadata / FlashInfer plan,
 linear-attention table fill, graph replay, logits; nested), the top CPU ops by
 self time and the top kernels. Writes $OUT/prefill_graph_profile.json, else
-benchmark/results/prefill_graph_profile.json: {"device", "workload", "models":
+benchmark/results/prefill_graph_profile.json: {"provenance", "workload", "models":
 {model: {backend: {"LxB": summary}}}}, and prints one line per shape.
 """
 
@@ -41,6 +41,8 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+
+from provenance import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = "prefill_graph_latency.json"
@@ -149,13 +151,11 @@ def measure(model: dict, prefill: dict, warmup: int, repeats: int) -> dict:
 
 
 def run(models: list, quick: bool) -> None:
-    import torch
-
     warmup, repeats = (2, 5) if quick else (3, 10)
     out = Path(os.environ.get("OUT") or ROOT / "benchmark" / "results")
     out.mkdir(parents=True, exist_ok=True)
     report = {
-        "device": torch.cuda.get_device_name(),
+        "provenance": provenance(),
         "workload": f"B prompts x L tokens, max_new_tokens=1, radix cache off; median of {repeats} after {warmup} warmups",
         "models": {},
     }
@@ -243,12 +243,10 @@ def profile_backend(model: dict, prefill: dict) -> dict:
 
 
 def profile(models: list) -> None:
-    import torch
-
     out = Path(os.environ.get("OUT") or ROOT / "benchmark" / "results")
     out.mkdir(parents=True, exist_ok=True)
     report = {
-        "device": torch.cuda.get_device_name(),
+        "provenance": provenance(),
         "workload": (
             f"L tokens x B prompts (LxB), max_new_tokens=1, radix cache off; each shape "
             f"{PROFILE_SKIP + PROFILE_COUNT} times in a row, the last {PROFILE_COUNT} "
@@ -317,7 +315,8 @@ def plot() -> None:
         ax.set_yscale("log")
         ax.set_xlabel("prompt tokens x batch size")
         ax.set_ylabel("prefill forward, ms (median)")
-        ax.set_title(f"{name} ({report['device']})", fontsize=9)
+        device = report.get("provenance", {}).get("device") or report.get("device")
+        ax.set_title(f"{name} ({device})", fontsize=9)
         ax.legend()
     fig.tight_layout()
     fig.savefig(ROOT / "benchmark" / "results" / "prefill_graph_latency.png", dpi=100)

@@ -1,8 +1,9 @@
-"""Render the committed GPU measurements (benchmark/results/) as the README's
-results section.
+"""Render the committed measurements (benchmark/results/) into
+benchmark/RESULTS.md, between its results markers, each with the provenance its
+script recorded (benchmark/provenance.py).
 
     python3 benchmark/render_results.py            # print the markdown
-    python3 benchmark/render_results.py --write    # replace it in README.md
+    python3 benchmark/render_results.py --write    # replace it in RESULTS.md
 """
 
 import json
@@ -11,11 +12,45 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmark" / "results"
+TARGET = ROOT / "benchmark" / "RESULTS.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
 def _load(name):
     return json.loads((RESULTS / name).read_text())
+
+
+def _device(report) -> str:
+    """The device the script recorded (provenance; older files: a "device" key)."""
+    return (report.get("provenance") or {}).get("device") or report.get("device", "?")
+
+
+def provenance_line(report) -> str:
+    """What the script recorded about the run; a note typed in by hand afterwards
+    (a "*_note_hand_written" key) is shown as such, never as recorded."""
+    rec = report.get("provenance")
+    if isinstance(rec, dict):
+        commit = (rec["commit"] or "unknown")[:10]
+        dirty = {
+            True: " (uncommitted changes)",
+            False: "",
+            None: " (dirty flag unknown)",
+        }
+        versions = ", ".join(f"{k} {v}" for k, v in rec["versions"].items() if v)
+        return (
+            f"Recorded by the script: commit {commit}{dirty[rec['dirty']]}, {versions}, "
+            f"{rec['device'] or 'no CUDA device'}, {rec['date_utc']}, `{rec['command']}`."
+        )
+    notes = [v for k, v in report.items() if k.endswith("_note_hand_written")]
+    if notes:
+        text = notes[0]["text"]
+        if isinstance(text, dict):
+            text = "; ".join(f"{k}: {v}" for k, v in text.items())
+        return (
+            "Provenance not recorded by the script (written before "
+            f"benchmark/provenance.py); a note typed in by hand, unverified: {text}."
+        )
+    return "Provenance not recorded by the script (written before benchmark/provenance.py)."
 
 
 def _diverged(report):  # test/gpu/engine_utils.py::diverged
@@ -37,7 +72,7 @@ def gdn_latency() -> list:
         backends = entry["prefill_backend"]
         keys = list(backends["full"])
         rows += [
-            f"GDN prefill forward, {entry['description']} ({report['device']}; "
+            f"GDN prefill forward, {entry['description']} ({_device(report)}; "
             f"{report['workload']}; ms inside the scheduler, device-synchronised):",
             "",
             "| prompt tokens x batch | " + " | ".join(keys) + " |",
@@ -58,13 +93,13 @@ def gdn_latency() -> list:
                 f"| full vs {other} | " + " | ".join(f"{r:.1f}x" for r in ratios) + " |"
             )
         rows.append("")
-    return rows
+    return rows + [provenance_line(report), ""]
 
 
 def kimi_latency() -> list:
     report = _load("kimi_linear_prefill_graph.json")
     rows = [
-        f"KDA prefill, {report['model']} ({report['device']}; {report['workload']}):",
+        f"KDA prefill, {report['model']} ({_device(report)}; {report['workload']}):",
         "",
         "| prefill CUDA graph | device memory GiB | prefill graph GiB | prefill capture s | forward ms 16 / 64 / 256 tokens |",
         "| --- | --- | --- | --- | --- |",
@@ -85,6 +120,8 @@ def kimi_latency() -> list:
         "",
         f"Full prefill + decode graphs vs decode graphs only: +{extra['extra_gib']} GiB "
         f"(+{extra['extra_percent']}% of this tiny engine's footprint; goal {extra['goal_percent']}%).",
+        "",
+        provenance_line(report),
         "",
     ]
     return rows
@@ -134,7 +171,9 @@ def correctness() -> list:
     gate_vs = max(
         r["vs_sglang_unfused_adapter_rows_max_rel_error"] for r in gate_kernel.values()
     )
-    gate_swapped = min(r["swapped_adapters_max_rel_error"] for r in gate_kernel.values())
+    gate_swapped = min(
+        r["swapped_adapters_max_rel_error"] for r in gate_kernel.values()
+    )
     whole = {k: r for k, r in gate_kernel.items() if "-full-" in k}
     gate_exact = all(
         r["other_rows_bit_identical"] for k, r in gate_kernel.items() if k not in whole
@@ -152,7 +191,7 @@ def correctness() -> list:
     llama_diff, llama_bad, llama_steps = _steps(llama["batches"])
     control = llama["control_rotated_prompts"]
     return [
-        "Correctness on the H200 (graph engine vs the same engine with the prefill graph disabled, greedy, tolerance 0.05 on logprobs; each check has a can-fail control):",
+        'Correctness on the H200 (graph engine vs the same engine with the prefill graph disabled, greedy, tolerance 0.05 on logprobs; each check has a can-fail control). The GPU tests\' files (results/gpu/) record no provenance; the runs are listed under "How these were produced":',
         "",
         "| check | graph vs eager | control |",
         "| --- | --- | --- |",
@@ -166,7 +205,7 @@ def correctness() -> list:
         f"| DSA batch of two adapters (every request on one: whole-gate kernel, {two['kernels']['full']} launches) vs each request alone (merged weight) | {len(two['vs_alone']['mismatches'])} mismatches over {two['vs_alone']['compared_steps']} steps, max logprob diff {two['vs_alone']['max_logprob_diff']:.2g} | adapters swapped: {len(two['control_swapped_adapters']['mismatches'])} mismatches |",
         *(
             [
-            f"| The DSA checks above on sglang's csgmv LoRA backend (tolerance {csgmv['graph_vs_eager']['tol']}) | graph vs eager: {len(csgmv['graph_vs_eager']['mismatches'])} mismatches, max diff {csgmv['graph_vs_eager']['max_logprob_diff']:.2g}; mixed vs alone: {len(csgmv['mixed_batch']['mixed_vs_alone']['mismatches'])}, {csgmv['mixed_batch']['mixed_vs_alone']['max_logprob_diff']:.2g}; two adapters vs alone: {len(csgmv['two_adapter_batch']['vs_alone']['mismatches'])}, {csgmv['two_adapter_batch']['vs_alone']['max_logprob_diff']:.2g} | adapters swapped: {len(csgmv['mixed_batch']['control_swapped_adapters']['mismatches'])} / {len(csgmv['two_adapter_batch']['control_swapped_adapters']['mismatches'])} mismatches |"
+                f"| The DSA checks above on sglang's csgmv LoRA backend (tolerance {csgmv['graph_vs_eager']['tol']}) | graph vs eager: {len(csgmv['graph_vs_eager']['mismatches'])} mismatches, max diff {csgmv['graph_vs_eager']['max_logprob_diff']:.2g}; mixed vs alone: {len(csgmv['mixed_batch']['mixed_vs_alone']['mismatches'])}, {csgmv['mixed_batch']['mixed_vs_alone']['max_logprob_diff']:.2g}; two adapters vs alone: {len(csgmv['two_adapter_batch']['vs_alone']['mismatches'])}, {csgmv['two_adapter_batch']['vs_alone']['max_logprob_diff']:.2g} | adapters swapped: {len(csgmv['mixed_batch']['control_swapped_adapters']['mismatches'])} / {len(csgmv['two_adapter_batch']['control_swapped_adapters']['mismatches'])} mismatches |"
             ]
             if len(csgmv) == 3
             else []
@@ -200,17 +239,19 @@ def _dsa_overhead_fused(report) -> list:
         (v, title)
         for v, title in (
             ("lora_adapter_whole_gate", "several adapters: whole gate"),
-            ("lora_adapter_gemm_plus_delta", "same batch, GEMM + delta (the mixed-batch path)"),
+            (
+                "lora_adapter_gemm_plus_delta",
+                "same batch, GEMM + delta (the mixed-batch path)",
+            ),
         )
         if v in variants
     ]
     rows = [
         "",
-        f"DSA indexer head gate with a weights_proj adapter ({report['device']}, hidden {report['shapes']['hidden']}, {report['shapes']['index_heads']} index heads; {report['timing']}). "
+        f"DSA indexer head gate with a weights_proj adapter ({_device(report)}, hidden {report['shapes']['hidden']}, {report['shapes']['index_heads']} index heads; {report['timing']}). "
         "Overhead against the same split-op core without LoRA (q/k projections, act_quant, gate, fp8 MQA logits); "
-        f"GPU-bound: {report['throughput_calls']} calls queued back to back (what a request pays behind the graph segment); latency: one call from an idle GPU, launch gaps included"
-        + (f" ({report['provenance']})" if "provenance" in report else "")
-        + ":",
+        f"GPU-bound: {report['throughput_calls']} calls queued back to back (what a request pays behind the graph segment); latency: one call from an idle GPU, launch gaps included. "
+        + provenance_line(report),
         "",
         f"| LoRA backend | rank | tokens | core ms, no LoRA (GPU-bound) | {adapter}: GPU-bound / latency |"
         + "".join(f" {title}: GPU-bound |" for _, title in extra)
@@ -249,11 +290,13 @@ def _dsa_kernel_sweep() -> list:
     sweep = json.loads(path.read_text())
     rows = [
         "",
-        f"The gate's kernels alone (`benchmark/dsa_head_gate_kernel_sweep.py`, {sweep['device']}, GPU time of 20 calls in one CUDA graph, triton batch info, one request per 2048 tokens, every request with the adapter; {sweep.get('provenance', 'commit not recorded')}); µs:",
+        f"The gate's kernels alone (`benchmark/dsa_head_gate_kernel_sweep.py`, {_device(sweep)}, GPU time of 20 calls in one CUDA graph, triton batch info, one request per 2048 tokens, every request with the adapter; 'default' is the heuristic of the commit that ran; µs). "
+        + provenance_line(sweep),
         "",
         "| rank | tokens | base GEMM (cuBLAS, no LoRA) | + delta, best tiles | whole gate, best tiles | whole gate, that commit's heuristic | best whole-gate tiles |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
+
     def us(ms):
         return "failed" if ms is None else f"{1000 * ms:.1f}"
 
@@ -271,40 +314,37 @@ def _dsa_kernel_sweep() -> list:
 
 
 def dsa_overhead() -> list:
-    report = _load("dsa_head_gate.json")
-    if "split_op_core" in report["results"][0]:
-        return _dsa_overhead_fused(report)
-    # Results from before the fused kernel (split_op_core_ms, one timing).
-    rows = [
+    return _dsa_overhead_fused(_load("dsa_head_gate.json"))
+
+
+def merged_gate_precision() -> list:
+    report = _load("merged_gate_precision.json")
+    heads, hidden, rank, tokens = report["shapes"]
+    return [
         "",
-        f"DSA indexer head gate with a weights_proj adapter ({report['device']}, hidden {report['shapes']['hidden']}, {report['shapes']['index_heads']} index heads; {report['timing']}): overhead of the LoRA head gate relative to the split op's core (q/k projections, act_quant, gate, fp8 MQA logits):",
+        "How much of a weights_proj adapter's effect the merged weight keeps "
+        f"(`benchmark/merged_gate_precision.py`, CPU, {heads} heads x hidden {hidden}, "
+        f"rank {rank}, {tokens} tokens): error of the gate against x(W + ΔW)ᵀ in fp32, "
+        "as a share of the adapter's move. " + provenance_line(report),
         "",
-        "| LoRA backend | rank | tokens | core ms, no LoRA | core ms, adapter | overhead |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| adapter moves the gate by | merged weight (two bf16 halves) | one bf16 merged weight |",
+        "| --- | --- | --- |",
+        *(
+            f"| {r['adapter_moves_gate_by']:.1%} | {r['merged_weights_proj_error_share']:.3%} "
+            f"| {r['one_bf16_error_share']:.1%} |"
+            for r in report["rows"]
+        ),
     ]
-    names = {"TritonLoRABackend": "triton", "ChunkedSgmvLoRABackend": "csgmv"}
-    wrong = {
-        (names[c["backend"]], c["rank"])
-        for c in report["checks"]
-        if c["adapter_rows_max_rel_error"] > 0.01
-    }
-    for r in report["results"]:
-        core = r["split_op_core_ms"]
-        if (r["backend"], r["rank"]) in wrong:
-            rows.append(
-                f"| {r['backend']} | {r['rank']} | {r['tokens']} | {core['no_lora']} | not valid | "
-                "this run's csgmv rank-64 shrink reused the rank-16 kernel (the benchmark "
-                "now clears sglang's kernel cache per rank; not re-run) |"
-            )
-            continue
-        rows.append(
-            f"| {r['backend']} | {r['rank']} | {r['tokens']} | {core['no_lora']} | {core['lora_adapter']} | {r['split_op_core_overhead_pct']}% |"
-        )
-    return rows
 
 
 def render() -> str:
-    return "\n".join(gdn_latency() + kimi_latency() + correctness() + dsa_overhead())
+    return "\n".join(
+        gdn_latency()
+        + kimi_latency()
+        + correctness()
+        + dsa_overhead()
+        + merged_gate_precision()
+    )
 
 
 def main():
@@ -312,11 +352,10 @@ def main():
     if "--write" not in sys.argv:
         print(text)
         return
-    readme = ROOT / "README.md"
-    content = readme.read_text()
+    content = TARGET.read_text()
     head, rest = content.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+    TARGET.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
 
 
 if __name__ == "__main__":

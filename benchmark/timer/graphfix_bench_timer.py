@@ -102,6 +102,7 @@ def register():
     if not path:
         return
     import torch
+
     from sglang.srt.model_executor.model_runner import ModelRunner
 
     forward = ModelRunner.forward

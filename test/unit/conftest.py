@@ -2,17 +2,12 @@
 entry point applies it in every sglang process."""
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-# The working tree's package (CI also installs it, for the entry point) and the
-# shared tiny configs.
-sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel" / "python"), str(ROOT / "test")]
-
-import sglang_graphfix  # noqa: E402
+# pyproject.toml's pytest `pythonpath` puts the working tree's package first (CI
+# also installs it, for the entry point) and the shared test helpers (test/).
+import sglang_graphfix
 
 sglang_graphfix.register()
 

@@ -4,6 +4,7 @@ torch.cuda.synchronize a no-op; torch.profiler runs for real (its CUDA activity
 disables itself without a GPU). The GPU side of the reduction (kernel time, busy
 union) runs on hand-made FunctionEvents."""
 
+import importlib.util
 import json
 import re
 import sys
@@ -12,18 +13,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from sglang.srt.model_executor.model_runner import ModelRunner
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
-ROOT = Path(__file__).resolve().parents[2]
-# The plugin's folder holds its dist-info: off sys.path again after the import,
-# so no other test's sglang loads the plugin through its entry point.
-_path = list(sys.path)
-sys.path.insert(0, str(ROOT / "benchmark" / "timer"))
-import graphfix_bench_timer as timer
+from sglang.srt.model_executor.model_runner import ModelRunner
 
-sys.path[:] = _path
+ROOT = Path(__file__).resolve().parents[2]
+# Loaded from its file, not through sys.path: the plugin's folder holds its
+# dist-info, and on sys.path every other test's sglang would load the plugin
+# through its entry point.
+_spec = importlib.util.spec_from_file_location(
+    "graphfix_bench_timer", ROOT / "benchmark" / "timer" / "graphfix_bench_timer.py"
+)
+timer = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(timer)
 
 LONG = "x" * 120  # a record_function name longer than the summary keeps
 

@@ -3,7 +3,6 @@ counts as graph == eager, and what a can-fail control must show."""
 
 import os
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -11,8 +10,7 @@ import pytest
 # folder in the environment, for the engine processes; undo both here, so that
 # no CPU test's sglang loads that plugin.
 _path, _probe_dir = list(sys.path), os.environ.get("GRAPHFIX_PROBE_DIR")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
-from engine_utils import (  # noqa: E402
+from gpu.engine_utils import (  # noqa: E402  (test/gpu/engine_utils.py)
     assert_graph_matches_eager,
     compare,
     diverged,

@@ -12,12 +12,11 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import json  # noqa: E402
 import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[3]
-sys.path[:0] = [str(ROOT / "sgl-kernel" / "python"), str(ROOT / "test")]
+# Imports sglang_graphfix_kernel and test/lora_head_gate_cases.py: run it with
+# PYTHONPATH=sgl-kernel/python:test (test_lora_head_gate.py does).
 
 
 def _unpinned(factory):

@@ -18,9 +18,11 @@ SCRIPT = Path(__file__).with_name("interpret_lora_head_gate.py")
 
 
 @pytest.fixture(scope="module")
-def results():
-    # TRITON_INTERPRET must be set before triton is imported: a fresh process.
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+def results(pytestconfig):
+    # TRITON_INTERPRET must be set before triton is imported: a fresh process,
+    # on the import path pytest has (pyproject.toml's pythonpath).
+    path = os.pathsep.join(str(p) for p in pytestconfig.getini("pythonpath"))
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
     run = subprocess.run(
         [sys.executable, str(SCRIPT)],
         env=env,

@@ -3,12 +3,14 @@ full prefill graph captures, the linear backends are checked and their
 CUDA-graph state is allocated once (sized for the decode runner too, without
 the full-attention child); the decode runner's later call keeps it."""
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+
+# The attention tests' CPU stand-ins (test/).
+from gdn_stub import make_gdn
+from kda_stub import make_kda, with_graph_lists
 
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
     HybridLinearAttnBackend,
@@ -24,11 +26,6 @@ from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import (
     PrefillCudaGraphRunner,
 )
 from sglang_graphfix.srt.model_executor.runner import prefill_cuda_graph_runner as ours
-
-# The attention tests' CPU stand-ins.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "layers" / "attention"))
-from gdn_stub import make_gdn  # noqa: E402
-from kda_stub import make_kda, with_graph_lists  # noqa: E402
 
 SLOTS = 4
 
