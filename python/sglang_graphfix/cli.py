@@ -300,8 +300,22 @@ def samples() -> List[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
+    import sglang_graphfix as gf
+
     parser = argparse.ArgumentParser(prog="sglang-graphfix", allow_abbrev=False)
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"sglang-graphfix {gf.graphfix_version()} (sglang {gf.installed_sglang()} "
+        f"found; supports sglang {gf.SUPPORTED_SGLANG})",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser(
+        "status",
+        add_help=False,  # its own flags: sglang_graphfix.status
+        help="what sglang-graphfix does in an sglang process started here; exit 1 "
+        "if any patch is missing",
+    )
     explain = commands.add_parser(
         "explain",
         allow_abbrev=False,
@@ -334,6 +348,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Exit status: 0 when the server would start, 1 when it would refuse."""
     warnings.filterwarnings("ignore")  # import-time notices of sglang's quant modules
     args, sglang_argv = _parser().parse_known_args(argv)
+    if args.command == "status":
+        from sglang_graphfix import status
+
+        return status.main(sglang_argv)
     if args.model_path:
         model, label = args.model_path, args.model_path
     else:
