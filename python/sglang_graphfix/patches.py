@@ -83,7 +83,10 @@ def install_guard() -> None:
     HookRegistry.register(GUARD_TARGET, refuse_incomplete_patch_set, HookType.BEFORE)
     HookRegistry.apply_hooks()
     current = _lookup(GUARD_TARGET)
-    if not (_wraps(current, original) and hook_in_chain(current, refuse_incomplete_patch_set)):
+    if not (
+        _wraps(current, original)
+        and hook_in_chain(current, refuse_incomplete_patch_set)
+    ):
         raise RuntimeError(f"HookRegistry did not apply the guard on {GUARD_TARGET}")
 
 

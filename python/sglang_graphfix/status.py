@@ -44,7 +44,9 @@ def selection() -> tuple[bool, str]:
     """Whether sglang's load_plugins() would run this plugin here, and why."""
     from sglang_graphfix import OFF_SWITCH, switched_off
 
-    found = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == ENTRY_POINT]
+    found = [
+        ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == ENTRY_POINT
+    ]
     if not found:
         return False, (
             f"no '{ENTRY_POINT}' entry point in group sglang.srt.plugins: "
@@ -56,7 +58,9 @@ def selection() -> tuple[bool, str]:
         return False, f"SGLANG_PLUGINS={allowed} leaves '{ENTRY_POINT}' out"
     if switched_off():
         return False, f"switched off by {OFF_SWITCH}={os.environ[OFF_SWITCH]}"
-    how = f"SGLANG_PLUGINS={allowed}" if allowed else "SGLANG_PLUGINS unset: every plugin"
+    how = (
+        f"SGLANG_PLUGINS={allowed}" if allowed else "SGLANG_PLUGINS unset: every plugin"
+    )
     return True, f"selected ({how}; entry point {found[0].value})"
 
 
@@ -118,7 +122,9 @@ def report() -> tuple[List[str], bool]:
     if not selected and not sglang_graphfix._registered:
         lines.append("patches        none applied: sglang would run as upstream")
     elif found != SUPPORTED_SGLANG:
-        lines.append(f"patches        none applied: sglang {found} is not {SUPPORTED_SGLANG}")
+        lines.append(
+            f"patches        none applied: sglang {found} is not {SUPPORTED_SGLANG}"
+        )
     if sglang_graphfix._refusal:
         lines.append("refusal        " + sglang_graphfix._refusal)
     elif selected and found == SUPPORTED_SGLANG:
@@ -127,7 +133,9 @@ def report() -> tuple[List[str], bool]:
             f"guard          {'installed' if guarded else 'MISSING'} on {_short_target(GUARD_TARGET)}"
         )
     lines.append("")
-    wrap = textwrap.TextWrapper(width=100, initial_indent="      ", subsequent_indent="      ")
+    wrap = textwrap.TextWrapper(
+        width=100, initial_indent="      ", subsequent_indent="      "
+    )
     applied_count = 0
     for patch in PATCHES:
         applied = patch_applied(patch)
@@ -135,7 +143,11 @@ def report() -> tuple[List[str], bool]:
         fields = header(patch.hook)
         lines.append(f"[{'applied' if applied else 'MISSING'}] {patch.hook.__name__}")
         lines.append(f"      target   {_short_target(patch.target)}")
-        for label, key in (("bug", "Why"), ("upstream", "Upstream"), ("removal", "Removal")):
+        for label, key in (
+            ("bug", "Why"),
+            ("upstream", "Upstream"),
+            ("removal", "Removal"),
+        ):
             lines += wrap.wrap(f"{label + ':':<9}{fields.get(key, '(no header line)')}")
     ok = applied_count == len(PATCHES)
     lines.append("")
