@@ -29,7 +29,7 @@ def header(hook) -> Dict[str, str]:
     function (the comment block above its ``def``), each joined to one line."""
     fields: Dict[str, str] = {}
     current = None
-    for line in (inspect.getcomments(hook) or "").splitlines():
+    for line in (inspect.getcomments(inspect.unwrap(hook)) or "").splitlines():
         text = line.lstrip("#").strip()
         match = re.match(r"(\w+):\s*(.*)", text)
         if match and match.group(1) in HEADER_FIELDS:
