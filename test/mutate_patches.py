@@ -193,18 +193,21 @@ def main(argv=None) -> int:
         print(f"{verdict:<10} {hook}  ({shown})", flush=True)
         return hook, {"verdict": verdict, "module": module, "runs": runs}
 
+    # What was tested: read before the runs (the tree may change meanwhile).
+    tested = {
+        "commit": _git("rev-parse", "HEAD"),
+        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+    }
     chosen = [(h, m) for h, m in _patches() if not args.only or h in args.only]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         results = dict(pool.map(lambda hm: mutate(*hm), chosen))
 
-    status = _git("status", "--porcelain", "--untracked-files=no")
     report = {
         "what": "each PATCHES hook replaced by a pass-through to the original; "
         "guarded = some CPU unit test fails (the tests mirroring the hook's module "
         "first, else test/unit without the tests that run sglang in a fresh process)",
         "provenance": {
-            "commit": _git("rev-parse", "HEAD"),
-            "dirty": bool(status),
+            **tested,
             **_versions(),
             "python": sys.version.split()[0],
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
