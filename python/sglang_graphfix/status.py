@@ -134,7 +134,11 @@ def report() -> tuple[List[str], bool]:
         )
     lines.append("")
     wrap = textwrap.TextWrapper(
-        width=100, initial_indent="      ", subsequent_indent="      "
+        width=100,
+        initial_indent="      ",
+        subsequent_indent=" " * 16,
+        break_long_words=False,
+        break_on_hyphens=False,
     )
     applied_count = 0
     for patch in PATCHES:
@@ -148,12 +152,14 @@ def report() -> tuple[List[str], bool]:
             ("upstream", "Upstream"),
             ("removal", "Removal"),
         ):
-            lines += wrap.wrap(f"{label + ':':<9}{fields.get(key, '(no header line)')}")
-    ok = applied_count == len(PATCHES)
+            lines += wrap.wrap(
+                f"{label + ':':<10}{fields.get(key, '(no header line)')}"
+            )
+    ok = selected and applied_count == len(PATCHES)
     lines.append("")
     lines.append(
         f"{applied_count} of {len(PATCHES)} patches applied in this process"
-        + ("" if ok else ": a server started here would NOT have every fix")
+        + ("" if ok else "; a server started here would NOT have every fix")
     )
     return lines, ok
 

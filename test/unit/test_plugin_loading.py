@@ -357,7 +357,7 @@ def test_status_names_a_patch_missing_in_this_process(
     assert status.main([]) == 1
     out = capsys.readouterr().out
     assert "[MISSING] replay_metadata_requires_graph_state" in out
-    assert "a server started here would NOT have every fix" in out
+    assert "; a server started here would NOT have every fix" in out
 
 
 def test_every_patch_has_the_header_status_shows():
@@ -377,4 +377,16 @@ def test_readme_patch_table_is_generated_from_patches():
     assert match.group(1) == status.patch_table(), (
         "README's patch table differs from PATCHES: regenerate it with "
         "`python3 -m sglang_graphfix.status --patch-table`"
+    )
+
+
+def test_cli_status_subcommand(monkeypatch, fresh_loader, capsys):
+    from sglang_graphfix import cli
+
+    assert cli.main(["status", "--patch-table"]) == 0
+    assert capsys.readouterr().out.strip() == status.patch_table()
+    monkeypatch.setenv("SGLANG_GRAPHFIX", "off")
+    assert cli.main(["status"]) == 1
+    assert (
+        "plugin         switched off by SGLANG_GRAPHFIX=off" in capsys.readouterr().out
     )
