@@ -134,7 +134,7 @@ def report() -> tuple[List[str], bool]:
         )
     lines.append("")
     wrap = textwrap.TextWrapper(
-        width=100,
+        width=120,
         initial_indent="      ",
         subsequent_indent=" " * 16,
         break_long_words=False,
@@ -146,7 +146,7 @@ def report() -> tuple[List[str], bool]:
         applied_count += applied
         fields = header(patch.hook)
         lines.append(f"[{'applied' if applied else 'MISSING'}] {patch.hook.__name__}")
-        lines.append(f"      target   {_short_target(patch.target)}")
+        lines.append(f"      {'target:':<10}{_short_target(patch.target)}")
         for label, key in (
             ("bug", "Why"),
             ("upstream", "Upstream"),
