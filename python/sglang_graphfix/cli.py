@@ -780,8 +780,22 @@ def samples() -> List[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
+    import sglang_graphfix as gf
+
     parser = _OneLineParser(prog="sglang-graphfix", allow_abbrev=False)
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"sglang-graphfix {gf.graphfix_version()} (sglang {gf.installed_sglang()} "
+        f"found; supports sglang {gf.SUPPORTED_SGLANG})",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser(
+        "status",
+        add_help=False,  # its own flags: sglang_graphfix.status
+        help="what sglang-graphfix does in an sglang process started here; exit 1 "
+        "if any patch is missing",
+    )
     explain = commands.add_parser(
         "explain",
         allow_abbrev=False,
@@ -857,6 +871,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         args, rest = _parser().parse_known_args(words)
         if args.command == "explain":
             return explain(args, rest)
+        if args.command == "status":
+            from sglang_graphfix import status
+
+            return status.main(rest)
         raise BadInput(f"unrecognized arguments: {' '.join(rest)}")
     except BadInput as exc:
         command = " explain" if "explain" in words else ""

@@ -57,6 +57,39 @@ PATCHES = (
 )  # fmt: skip
 
 
+GUARD_TARGET = "sglang.srt.server_args.ServerArgs.resolve_once"
+
+
+def refuse_incomplete_patch_set(*args, **kwargs):
+    """BEFORE hook on ServerArgs.resolve_once, installed ahead of every patch.
+
+    sglang's plugin loader catches and logs whatever register() raises, then
+    starts the server anyway. Server-argument resolution is the step every
+    server process runs after loading plugins (the launcher before it spawns
+    anything, each scheduler and detokenizer through publish()) and none wraps
+    in an except: raising here stops an Engine, ``sglang serve`` and
+    ``python -m sglang.launch_server`` before any weight loads.
+    """
+    import sglang_graphfix
+
+    if sglang_graphfix._refusal is not None:
+        raise RuntimeError(sglang_graphfix._refusal)
+
+
+def install_guard() -> None:
+    """Register and apply the start-up guard on its own, then check it wraps
+    resolve_once; raises if not."""
+    original = _lookup(GUARD_TARGET)
+    HookRegistry.register(GUARD_TARGET, refuse_incomplete_patch_set, HookType.BEFORE)
+    HookRegistry.apply_hooks()
+    current = _lookup(GUARD_TARGET)
+    if not (
+        _wraps(current, original)
+        and hook_in_chain(current, refuse_incomplete_patch_set)
+    ):
+        raise RuntimeError(f"HookRegistry did not apply the guard on {GUARD_TARGET}")
+
+
 def _lookup(target: str):
     owner_path, name = target.rsplit(".", 1)
     return getattr(pkgutil.resolve_name(owner_path), name)
@@ -73,13 +106,41 @@ def _wraps(current, original) -> bool:
     return False
 
 
-def apply_patches(patches=PATCHES) -> None:
-    """Register every patch with sglang's HookRegistry, apply, and verify.
+def hook_in_chain(current, hook) -> bool:
+    """Whether ``hook`` is one of the hooks HookRegistry wrapped around the
+    function now at a target (its wrappers keep the hook in their closure)."""
+    seen = set()
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for cell in getattr(current, "__closure__", None) or ():
+            try:
+                if cell.cell_contents is hook:
+                    return True
+            except ValueError:  # an empty cell
+                continue
+        current = getattr(current, "__wrapped__", None)
+    return False
+
+
+def patch_applied(patch: Patch) -> bool:
+    """Whether ``patch``'s hook wraps its target in this process."""
+    try:
+        current = _lookup(patch.target)
+    except (AttributeError, ImportError, ValueError):
+        return False
+    return hook_in_chain(current, patch.hook)
+
+
+def apply_patches(patches=None) -> int:
+    """Register every patch (default: ``PATCHES``) with sglang's HookRegistry,
+    apply, and verify; returns how many were applied.
 
     Every target is resolved before anything is registered, so a missing one
     patches nothing. HookRegistry.apply_hooks only logs a failed target; each
-    one is checked afterwards and any that is not wrapped raises.
+    one is checked afterwards and any that does not wrap its original with our
+    hook raises, naming it.
     """
+    patches = PATCHES if patches is None else patches
     originals = {}
     missing = []
     for patch in patches:
@@ -100,10 +161,16 @@ def apply_patches(patches=PATCHES) -> None:
     unapplied = []
     for patch in patches:
         current, original = _lookup(patch.target), originals[patch.target]
-        if current is original or not _wraps(current, original):
-            unapplied.append(patch.target)
+        if (
+            current is original
+            or not _wraps(current, original)
+            or not hook_in_chain(current, patch.hook)
+        ):
+            unapplied.append(f"{patch.hook.__name__} on {patch.target}")
     if unapplied:
         raise RuntimeError(
-            "sglang-graphfix: HookRegistry did not apply: " + ", ".join(unapplied)
+            f"sglang-graphfix: HookRegistry did not apply {len(unapplied)} of "
+            f"{len(patches)} patches: " + ", ".join(unapplied) + "."
         )
     logger.info("sglang-graphfix: applied %d patches to sglang", len(patches))
+    return len(patches)

@@ -1,13 +1,10 @@
 """Registration: the version guard, the patch index, and loud failure."""
 
-import importlib.metadata
 import logging
 
 import pytest
 
-import sglang.srt.plugins as sglang_plugins
 import sglang_graphfix
-from sglang.srt.arg_groups import cuda_graph_hook
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 from sglang_graphfix.patches import PATCHES, Patch, _lookup, apply_patches
 
@@ -38,6 +35,20 @@ def test_other_sglang_version_patches_nothing_and_logs_why(monkeypatch, caplog):
     assert "supports sglang==0.5.23 only, found sglang==0.5.24" in record.getMessage()
     assert "nothing was patched" in record.getMessage()
     assert not sglang_graphfix._registered
+    assert sglang_graphfix._refusal is None  # a newer sglang may have the fixes
+
+
+def test_a_target_another_hook_already_holds_is_named():
+    """A target HookRegistry already counts as patched (another plugin applied
+    its hooks there first) does not get ours: apply_patches names it."""
+    real = "sglang.srt.arg_groups.cuda_graph_hook.generate_cpu_graph_batch_sizes"
+    HookRegistry._patched.add(real)
+    try:
+        with pytest.raises(RuntimeError, match="_noop_hook on " + real):
+            apply_patches([Patch(real, _noop_hook, HookType.AROUND)])
+    finally:
+        HookRegistry._patched.discard(real)
+        HookRegistry._hooks.pop(real, None)
 
 
 def test_missing_target_patches_nothing():
@@ -62,21 +73,9 @@ def test_hook_that_fails_to_apply_raises():
     # HookRegistry refuses AROUND on a class and only logs it; we must raise.
     target = "sglang.srt.plugins.hook_registry.HookSource"
     try:
-        with pytest.raises(RuntimeError, match="did not apply: " + target):
+        with pytest.raises(
+            RuntimeError, match="did not apply 1 of 1 patches: _noop_hook on " + target
+        ):
             apply_patches([Patch(target, _noop_hook, HookType.AROUND)])
     finally:
         HookRegistry._hooks.pop(target, None)
-
-
-def test_sglang_plugin_loader_runs_the_entry_point(monkeypatch, caplog):
-    eps = importlib.metadata.entry_points(group="sglang.srt.plugins")
-    assert [ep.value for ep in eps if ep.name == "graphfix"] == [
-        "sglang_graphfix:register"
-    ]
-    monkeypatch.setattr(sglang_plugins, "_plugins_loaded", False)
-    monkeypatch.setenv("SGLANG_PLUGINS", "graphfix")
-    with caplog.at_level(logging.INFO, logger="sglang.srt.plugins"):
-        sglang_plugins.load_plugins()
-    assert "Executed general plugin: graphfix" in caplog.text
-    assert "Failed" not in caplog.text
-    assert hasattr(cuda_graph_hook.validate_cuda_graph_config, "__wrapped__")
