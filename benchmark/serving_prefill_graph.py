@@ -1,0 +1,310 @@
+"""Prefill CUDA-graph modes as a user serves them: `python -m sglang.launch_server`
+(sglang-graphfix installed, nothing else changed) and sglang's own
+`python -m sglang.benchmark.serving`, one server per mode, one after another
+(never two engines at once), at real layer dimensions and full depth.
+
+Modes: disabled (eager prefill), breakable (sglang's default on CUDA), full
+(upstream 0.5.23 crashes at capture on hybrid linear attention; sglang-graphfix
+captures it). Every server gets the same flags but --cuda-graph-backend-prefill.
+
+Model: `qwen3-next-80b-a3b-fp8`: Qwen3-Next-80B-A3B's published dimensions (48
+layers: 36 GDN + 12 attention, hidden 2048, 512 experts top-10, vocab 151936)
+with the FP8 checkpoint's block quantization ([128, 128], e4m3), --load-format
+dummy (speed only: every output is noise). `tiny`: test/tiny_configs.py's 4-layer
+Qwen3-Next, for a dry run of this script. A synthetic word-level tokenizer of the
+model's vocabulary is written beside the config (no hub access); prompts are
+random token ids (dataset random-ids, --tokenize-prompt).
+
+Workloads (WORKLOADS): short chat-like prompts (input 16-512, output 1-32) at
+several request rates up to saturation; bursts of 1, 4 and 8 prompts of fixed
+length (the first-token path a user hits); one long-prompt run (8k-16k input).
+Per mode and workload: TTFT p50/p99, ITL p50/p99, request and output throughput,
+straight from sglang.benchmark.serving's JSONL; per mode: time to ready, the
+prefill-graph capture time and memory and the weight / KV sizes, from the
+server's log.
+
+    python3 benchmark/serving_prefill_graph.py [--model qwen3-next-80b-a3b-fp8]
+        [--modes disabled,breakable,full] [--workloads chat,burst,long] [--quick]
+
+Writes $OUT/serving_prefill_graph.json (else benchmark/results/...), with the
+commands it ran and its provenance, and the server logs under $OUT/logs/ when
+$OUT is set. Needs a GPU; takes ~5 min per mode at full depth on an H200 (cold
+JIT caches add minutes to the first server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "benchmark"), str(ROOT / "test")]
+
+RESULT = "serving_prefill_graph.json"
+MODES = ("disabled", "breakable", "full")
+INF = float("inf")
+
+# name -> list of runs: (label, input_len, output_len, range_ratio, rate,
+# max_concurrency or None, prompts). range_ratio r draws lengths from
+# [r * len, len] (sglang's compute_random_lens).
+WORKLOADS = {
+    "chat": [
+        (f"chat rate {rate}", 512, 32, 1 / 32, rate, None, prompts)
+        for rate, prompts in ((2, 60), (8, 160), (32, 400), (INF, 400))
+    ],
+    "burst": [
+        ("1 x 16 tokens", 16, 1, 1.0, INF, 1, 40),
+        ("1 x 256 tokens", 256, 1, 1.0, INF, 1, 40),
+        ("4 x 256 tokens", 256, 1, 1.0, INF, 4, 80),
+        ("8 x 64 tokens", 64, 1, 1.0, INF, 8, 160),
+    ],
+    "long": [("long 8k-16k", 16384, 8, 0.5, INF, 1, 8)],
+}
+
+
+def qwen3_next_80b_a3b_fp8(path: Path, layers: int = 48) -> None:
+    """Qwen3-Next-80B-A3B's config.json (published dimensions) with the FP8
+    checkpoint's quantization_config, so sglang allocates fp8 weights (~80 GB)."""
+    from tiny_configs import add_qwen3_next_layout
+    from transformers import Qwen3NextConfig
+
+    config = Qwen3NextConfig(
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=5120,
+        num_hidden_layers=layers,
+        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * (layers // 4),
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        head_dim=256,
+        partial_rotary_factor=0.25,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+        num_experts=512,
+        num_experts_per_tok=10,
+        moe_intermediate_size=512,
+        shared_expert_intermediate_size=512,
+        max_position_embeddings=32768,
+        rope_theta=10000000.0,
+    )
+    config.architectures = ["Qwen3NextForCausalLM"]
+    config.quantization_config = {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": [128, 128],
+    }
+    config.save_pretrained(path)
+    add_qwen3_next_layout(path)
+
+
+def tiny_qwen3_next(path: Path) -> None:
+    from tiny_configs import add_qwen3_next_layout, qwen3_next_config
+
+    qwen3_next_config().save_pretrained(path)
+    add_qwen3_next_layout(path)
+
+
+MODELS = {"qwen3-next-80b-a3b-fp8": qwen3_next_80b_a3b_fp8, "tiny": tiny_qwen3_next}
+
+
+def word_level_tokenizer(path: Path) -> None:
+    """A tokenizer of the config's vocabulary size, one word per id (no hub):
+    sglang's server and benchmark client load it like any checkpoint's."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab_size = json.loads((path / "config.json").read_text())["vocab_size"]
+    vocab = {f"w{i}": i for i in range(vocab_size - 1)}
+    vocab["<unk>"] = vocab_size - 1
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", eos_token="<unk>"
+    ).save_pretrained(path)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_command(model_dir: Path, mode: str, port: int, args) -> list:
+    return [
+        sys.executable, "-m", "sglang.launch_server",
+        "--model-path", str(model_dir),
+        "--load-format", "dummy",
+        "--port", str(port),
+        "--host", "127.0.0.1",
+        "--cuda-graph-backend-prefill", mode,
+        "--context-length", str(args.context_length),
+        "--mem-fraction-static", str(args.mem_fraction_static),
+        *args.server_args,
+    ]  # fmt: skip
+
+
+def wait_ready(proc, port: int, timeout: float) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before ready")
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{port}/health_generate", timeout=5
+            ) as r:
+                if r.status == 200:
+                    return time.monotonic() - t0
+        except OSError:
+            pass
+        time.sleep(2)
+    raise TimeoutError(f"server not ready after {timeout} s")
+
+
+# Lines of sglang 0.5.23's startup log this script reads (model_runner.py,
+# cuda_graph_setup.py, kv_pool_runtime.py).
+LOG_FACTS = {
+    "weights_gb": r"Load weight end\..*?mem usage=([\d.]+) GB",
+    "kv_cache_gb": r"KV size: ([\d.]+) GB",
+    "prefill_graph_capture_s": r"Capture target prefill CUDA graph end\. elapsed=([\d.]+) s",
+    "prefill_graph_gb": r"Capture target prefill CUDA graph end\..*?mem usage=([\d.]+) GB",
+    "decode_graph_capture_s": r"Capture target decode \S+ end\..*?elapsed=([\d.]+) s",
+    "decode_graph_gb": r"Capture target decode \S+ end\..*?mem usage=([\d.]+) GB",
+    "avail_after_kv_gb": r"KV size: [\d.]+ GB, avail mem=([\d.]+) GB",
+}
+
+
+def log_facts(log: str) -> dict:
+    facts = {}
+    for key, pattern in LOG_FACTS.items():
+        found = re.findall(pattern, log)
+        facts[key] = float(found[-1]) if found else None
+    facts["graphfix_line"] = next(
+        (line.strip() for line in log.splitlines() if "sglang-graphfix" in line), None
+    )
+    return facts
+
+
+KEEP = (
+    "completed", "duration", "request_throughput", "output_throughput", "total_throughput",
+    "median_ttft_ms", "p99_ttft_ms", "mean_ttft_ms", "median_itl_ms", "p99_itl_ms",
+    "median_e2e_latency_ms", "total_input_tokens", "total_output_tokens", "concurrency",
+)  # fmt: skip
+
+
+def bench(model_dir: Path, port: int, run, scale: float, out_dir: Path) -> tuple:
+    label, inp, outp, ratio, rate, conc, prompts = run
+    prompts = max(4, int(prompts * scale))
+    jsonl = out_dir / f"bench_{port}_{abs(hash(label))}.jsonl"
+    cmd = [
+        sys.executable, "-m", "sglang.benchmark.serving",
+        "--backend", "sglang", "--host", "127.0.0.1", "--port", str(port),
+        "--model", str(model_dir), "--tokenizer", str(model_dir),
+        "--dataset-name", "random-ids", "--tokenize-prompt",
+        "--random-input-len", str(inp), "--random-output-len", str(outp),
+        "--random-range-ratio", str(ratio), "--num-prompts", str(prompts),
+        "--request-rate", "inf" if math.isinf(rate) else str(rate),
+        "--seed", "1", "--warmup-requests", "4", "--disable-tqdm",
+        "--output-file", str(jsonl),
+    ] + (["--max-concurrency", str(conc)] if conc else [])  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0 or not jsonl.exists():
+        return cmd, {"error": (done.stdout + done.stderr)[-2000:]}
+    row = json.loads(jsonl.read_text().splitlines()[-1])
+    return cmd, {key: row.get(key) for key in KEEP}
+
+
+def run_mode(model_dir: Path, mode: str, args, log_dir: Path) -> dict:
+    port = free_port()
+    cmd = server_command(model_dir, mode, port, args)
+    log_path = log_dir / f"server_{mode}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    entry = {"server_command": " ".join(cmd), "runs": {}}
+    try:
+        entry["ready_s"] = round(wait_ready(proc, port, args.ready_timeout), 1)
+        for workload in args.workloads:
+            for run in WORKLOADS[workload]:
+                bench_cmd, result = bench(model_dir, port, run, args.scale, log_dir)
+                entry["runs"][run[0]] = result
+                entry.setdefault("bench_commands", []).append(" ".join(bench_cmd))
+                print(mode, run[0], json.dumps(result)[:300], flush=True)
+    except Exception as exc:  # the mode's failure is a result, not a crash
+        entry["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        time.sleep(5)  # the GPU is free before the next server starts
+    entry["server_log"] = log_facts(log_path.read_text(errors="replace"))
+    return entry
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--model", default="qwen3-next-80b-a3b-fp8", choices=sorted(MODELS)
+    )
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--workloads", default="chat,burst,long")
+    parser.add_argument("--quick", action="store_true", help="a quarter of the prompts")
+    parser.add_argument("--context-length", type=int, default=20480)
+    parser.add_argument("--mem-fraction-static", type=float, default=0.85)
+    parser.add_argument("--ready-timeout", type=float, default=900)
+    parser.add_argument(
+        "--output", default=None, help="JSON path (default: $OUT or results/)"
+    )
+    parser.add_argument("server_args", nargs="*", help="extra sglang flags, after --")
+    args = parser.parse_args()
+    args.modes = args.modes.split(",")
+    args.workloads = args.workloads.split(",")
+    args.scale = 0.25 if args.quick else 1.0
+
+    out = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+    log_dir = out / "logs" if out else Path(tempfile.mkdtemp(prefix="serving_logs"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    model_dir = Path(tempfile.mkdtemp(prefix=f"{args.model}_"))
+    MODELS[args.model](model_dir)
+    word_level_tokenizer(model_dir)
+
+    from provenance import provenance
+
+    report = {
+        "provenance": provenance(),
+        "model": args.model,
+        "config": json.loads((model_dir / "config.json").read_text()),
+        "workloads": {w: WORKLOADS[w] for w in args.workloads},
+        "modes": {},
+    }
+    for mode in args.modes:
+        report["modes"][mode] = run_mode(model_dir, mode, args, log_dir)
+    path = (
+        Path(args.output)
+        if args.output
+        else (out or ROOT / "benchmark" / "results") / RESULT
+    )
+    path.write_text(json.dumps(report, indent=1, default=str))
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
