@@ -117,13 +117,19 @@ def allocate(case, device, track):
 
 def host_tables(case, device="cpu"):
     """sglang's host fill (what full_prefill_graph_tables did before)."""
-    track = case["mask"] is not None
-    meta = allocate(case, device, track)
+    meta = allocate(case, device, case["mask"] is not None)
+    host_fill(meta, case, device)
+    return meta
+
+
+def host_fill(meta, case, device):
+    """The replay path before: build_track_rows from the CPU lists, then
+    KDAPrefillGraphMetadata.fill."""
     bs = len(case["lens"])
     slots = padded(case["mamba_slots"], case["slots"], 7, torch.int32, device)
     prefix = padded(case["prefix"], case["slots"], 0, torch.int64, device)
     track_rows = None
-    if track:
+    if case["mask"] is not None:
         track_rows = build_track_rows(
             track_mask=case["mask"],
             track_seq_lens=case["track_lens"],
@@ -140,7 +146,6 @@ def host_tables(case, device="cpu"):
         extend_prefix_lens=prefix,
         track_rows=track_rows,
     )
-    return meta
 
 
 def device_tables(case, device="cpu", constants=None):

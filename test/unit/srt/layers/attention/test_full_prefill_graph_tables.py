@@ -221,7 +221,8 @@ def test_control_sglangs_host_fill_grows_with_requests(monkeypatch):
             state_chunk=CHUNK, cache_chunk=CHUNK, mamba_slots=list(range(1, bs + 1)),
             track_dst=view.mamba_track_indices.tolist(),
         )  # fmt: skip
-        counts[bs] = recorder.calls(lambda: cases.host_tables(case))
+        meta = cases.allocate(case, "cpu", track=True)
+        counts[bs] = recorder.calls(lambda: cases.host_fill(meta, case, "cpu"))
         assert "pin_memory" in recorder.syncs
     print("host fill calls per request count", counts)
     assert counts[SLOTS] > counts[1], counts
