@@ -50,7 +50,9 @@ def make_case(seed):
     lens = [b - a for a, b in zip([0, *cuts], [*cuts, total])]
     if rng.random() < 0.3 and total >= 64 * bs:
         lens = [64] * (bs - 1) + [total - 64 * (bs - 1)]
-    prefix = [rng.choice([0, 0, rng.randint(1, 300), 64 * rng.randint(1, 4)]) for _ in lens]
+    prefix = [
+        rng.choice([0, 0, rng.randint(1, 300), 64 * rng.randint(1, 4)]) for _ in lens
+    ]
     state_chunk = 64
     cache_chunk = rng.choice([64, 128, 256])
     track = rng.random() < 0.7
@@ -96,7 +98,9 @@ def capture_case(bucket, slots):
 
 
 def padded(values, slots, fill, dtype, device):
-    return torch.tensor(values + [fill] * (slots - len(values)), dtype=dtype, device=device)
+    return torch.tensor(
+        values + [fill] * (slots - len(values)), dtype=dtype, device=device
+    )
 
 
 def allocate(case, device, track):
@@ -110,7 +114,9 @@ def allocate(case, device, track):
     # A previous batch's leftovers: every row either fill misses stays visible.
     g = torch.Generator().manual_seed(1234)
     meta.packed.copy_(torch.randint(-50, 5000, meta.packed.shape, generator=g))
-    meta.cache_indices.copy_(torch.randint(0, 99, meta.cache_indices.shape, generator=g))
+    meta.cache_indices.copy_(
+        torch.randint(0, 99, meta.cache_indices.shape, generator=g)
+    )
     meta.has_initial_state.fill_(True)
     return meta
 
@@ -157,11 +163,15 @@ def device_tables(case, device="cpu", constants=None):
     track = case["mask"] is not None
     meta = allocate(case, device, track)
     r = case["slots"]
-    inputs = TrackInputs(
-        mask=padded(case["mask"], r, False, torch.bool, device),
-        seq_lens=padded(case["track_lens"], r, 0, torch.int64, device),
-        slots=padded(case["track_dst"], r, 0, torch.int64, device),
-    ) if track else None
+    inputs = (
+        TrackInputs(
+            mask=padded(case["mask"], r, False, torch.bool, device),
+            seq_lens=padded(case["track_lens"], r, 0, torch.int64, device),
+            slots=padded(case["track_dst"], r, 0, torch.int64, device),
+        )
+        if track
+        else None
+    )
     fill_linear_prefill_tables(
         table_views(meta),
         bs=len(case["lens"]),
@@ -194,7 +204,9 @@ def mismatches(case, device="cpu"):
     """Fields whose device fill differs from sglang's host fill (track_dst on
     tracked rows only: the host fill leaves the others as they were)."""
     host, dev = host_tables(case), device_tables(case, device)
-    bad = [f for f in FIELDS if not torch.equal(getattr(host, f), getattr(dev, f).cpu())]
+    bad = [
+        f for f in FIELDS if not torch.equal(getattr(host, f), getattr(dev, f).cpu())
+    ]
     if case["mask"] is not None:
         rows = [i for i, m in enumerate(case["mask"]) if m]
         if not torch.equal(host.track_dst[rows], dev.track_dst.cpu()[rows]):

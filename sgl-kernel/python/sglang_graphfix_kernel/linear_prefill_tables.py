@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+
 @triton.jit(do_not_specialize=["bs"])
 def _fill_linear_prefill_tables(
     lens_ptr,  # [>= bs] extend lengths
@@ -211,7 +212,7 @@ def fill_linear_prefill_tables(
             c=constants,
         )
         return
-    block_s = triton.next_power_of_2(max(max_seqs, 1))
+    block_s = max(16, triton.next_power_of_2(max_seqs))
     block_r = max(16, min(128, 4096 // block_s))
     has_track = track is not None
     if track is None:  # unused pointers

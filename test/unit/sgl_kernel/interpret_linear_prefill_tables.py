@@ -15,7 +15,11 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path[:0] = [str(ROOT / "python"), str(ROOT / "sgl-kernel" / "python"), str(ROOT / "test")]
+sys.path[:0] = [
+    str(ROOT / "python"),
+    str(ROOT / "sgl-kernel" / "python"),
+    str(ROOT / "test"),
+]
 
 # sglang's host fill pins its staging block; pinning needs a CUDA driver.
 torch.Tensor.pin_memory = lambda self, *args, **kwargs: self
@@ -29,7 +33,16 @@ if __name__ == "__main__":
     batches = [cases.make_case(seed) for seed in seeds]
     batches += [cases.capture_case(b, s) for b, s in ((16, 4), (256, 1), (8, 32))]
     for case in batches:
-        print(json.dumps({"seed": case["seed"], "bucket": case["bucket"],
-                          "requests": len(case["lens"]), "slots": case["slots"],
-                          "tracked": case["mask"] is not None,
-                          "mismatches": cases.mismatches(case)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "seed": case["seed"],
+                    "bucket": case["bucket"],
+                    "requests": len(case["lens"]),
+                    "slots": case["slots"],
+                    "tracked": case["mask"] is not None,
+                    "mismatches": cases.mismatches(case),
+                }
+            ),
+            flush=True,
+        )

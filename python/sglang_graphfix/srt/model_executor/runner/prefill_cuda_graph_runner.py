@@ -146,8 +146,8 @@ def route_full_prefill_fallback(original, self, model_runner, *args, **kwargs):
         "up to %d request(s) and %d token(s) (buckets %s); others (more requests "
         "or tokens, contexts above the graph's bound, logprobs, LoRA, multimodal "
         "or speculative inputs the graph cannot take) run eager on %s. Raise the "
-        "request cap with --cuda-graph-config '{\"prefill\": "
-        "{\"full_prefill_max_req\": N}}'.",
+        'request cap with --cuda-graph-config \'{"prefill": '
+        '{"full_prefill_max_req": N}}\'.',
         self._capture_req_slots,
         self.max_num_tokens,
         list(self.capture_num_tokens),
@@ -207,9 +207,8 @@ class PrefillPathCounter:
     def summary(self) -> str:
         eager = sum(self.eager.values())
         reasons = ", ".join(f"{r}: {n}" for r, n in sorted(self.eager.items()))
-        return (
-            f"Prefill paths: {self.graph} full graph, {eager} eager"
-            + (f" ({reasons})" if reasons else "")
+        return f"Prefill paths: {self.graph} full graph, {eager} eager" + (
+            f" ({reasons})" if reasons else ""
         )
 
 

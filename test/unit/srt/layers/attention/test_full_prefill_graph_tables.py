@@ -93,21 +93,25 @@ def _replay_view(bs, seed=0):
     def padded(t):
         return torch.cat([t, torch.zeros(pad, dtype=t.dtype)])
 
-    return SimpleNamespace(
-        forward_mode=ForwardMode.EXTEND,
-        input_ids=torch.zeros(BUCKET, dtype=torch.int64),
-        batch_size=SLOTS,
-        extend_seq_lens_cpu=lens.tolist(),
-        extend_prefix_lens_cpu=prefix.tolist(),
-        extend_seq_lens=padded(lens),
-        extend_prefix_lens=padded(prefix),
-        req_pool_indices=padded(torch.randperm(POOL, generator=g)[:bs] + 1),
-        mamba_track_mask=torch.rand(bs, generator=g) < 0.5,
-        mamba_prefill_track_mask_cpu=None,
-        mamba_track_seqlens=prefix + torch.randint(0, 2, (bs,), generator=g) * lens,
-        mamba_track_seqlens_cpu=None,
-        mamba_track_indices=torch.randint(200, 300, (bs,), generator=g),
-    ), lens, prefix
+    return (
+        SimpleNamespace(
+            forward_mode=ForwardMode.EXTEND,
+            input_ids=torch.zeros(BUCKET, dtype=torch.int64),
+            batch_size=SLOTS,
+            extend_seq_lens_cpu=lens.tolist(),
+            extend_prefix_lens_cpu=prefix.tolist(),
+            extend_seq_lens=padded(lens),
+            extend_prefix_lens=padded(prefix),
+            req_pool_indices=padded(torch.randperm(POOL, generator=g)[:bs] + 1),
+            mamba_track_mask=torch.rand(bs, generator=g) < 0.5,
+            mamba_prefill_track_mask_cpu=None,
+            mamba_track_seqlens=prefix + torch.randint(0, 2, (bs,), generator=g) * lens,
+            mamba_track_seqlens_cpu=None,
+            mamba_track_indices=torch.randint(200, 300, (bs,), generator=g),
+        ),
+        lens,
+        prefix,
+    )
 
 
 def test_replay_tables_through_our_hook_equal_sglangs_host_fill():
@@ -217,7 +221,8 @@ def test_control_sglangs_host_fill_grows_with_requests(monkeypatch):
         view, lens, prefix = _replay_view(bs)
         case = dict(
             bucket=BUCKET, slots=SLOTS, lens=lens.tolist(), prefix=prefix.tolist(),
-            mask=view.mamba_track_mask.tolist(), track_lens=view.mamba_track_seqlens.tolist(),
+            mask=view.mamba_track_mask.tolist(),
+            track_lens=view.mamba_track_seqlens.tolist(),
             state_chunk=CHUNK, cache_chunk=CHUNK, mamba_slots=list(range(1, bs + 1)),
             track_dst=view.mamba_track_indices.tolist(),
         )  # fmt: skip

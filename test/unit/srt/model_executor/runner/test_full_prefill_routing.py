@@ -128,7 +128,10 @@ def test_summary_every_n_batches(caplog, fresh_counter, monkeypatch):
     for _ in range(8):
         runner.can_run_graph(_batch([16]))
     lines = [r.getMessage() for r in caplog.records]
-    assert lines == ["Prefill paths: 4 full graph, 0 eager", "Prefill paths: 8 full graph, 0 eager"]
+    assert lines == [
+        "Prefill paths: 4 full graph, 0 eager",
+        "Prefill paths: 8 full graph, 0 eager",
+    ]
 
 
 # --- after capture: sglang's default eager GDN kernel, warmed; the rule logged
@@ -162,7 +165,8 @@ def _gdn_after_triton_default():
         prefill=LinearAttnKernelBackend.TRITON,
         verify=LinearAttnKernelBackend.TRITON,
     )
-    # this rank: 4 value heads of 128 x 128 state, 2 key heads of 128 (conv: 2*2*128 + 4*128)
+    # This rank: 4 value heads of 128 x 128 state, 2 key heads of 128
+    # (conv channels 2*2*128 + 4*128).
     gdn.conv_states_shape = (16, 1024, 3)
     temporal = torch.zeros(3, 16, 4, 128, 128)
     gdn.req_to_token_pool.mamba_pool = SimpleNamespace(
@@ -194,7 +198,13 @@ def test_eager_gdn_prefill_returns_to_sglangs_default_after_capture(
     assert model_runner.linear_attn_backends is gdn.linear_attn_backends
     # warmed at startup, on this rank's heads and a scratch state
     assert flashinfer_on_cpu.calls == [
-        ((1, 73, 2, 128), (1, 73, 2, 128), (1, 73, 4, 128), (1, 73, 4), (2, 4, 128, 128))
+        (
+            (1, 73, 2, 128),
+            (1, 73, 2, 128),
+            (1, 73, 4, 128),
+            (1, 73, 4),
+            (2, 4, 128, 128),
+        )
     ]
     rule = [r.getMessage() for r in caplog.records if "routing" in r.getMessage()]
     assert len(rule) == 1
@@ -217,7 +227,9 @@ def test_a_failed_warm_up_warns_and_serves(flashinfer_on_cpu, caplog, monkeypatc
     runner = _runner(gdn)
     setattr(runner.model_runner, EAGER_GDN_PREFILL_DEFAULT, "flashinfer")
     monkeypatch.setattr(
-        _FlashInferGDNKernel, "extend", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("jit"))
+        _FlashInferGDNKernel,
+        "extend",
+        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("jit")),
     )
     _after_capture(runner, runner.model_runner)
     assert "Could not warm the flashinfer GDN prefill kernel" in caplog.text

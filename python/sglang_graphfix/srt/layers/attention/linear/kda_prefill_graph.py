@@ -145,7 +145,9 @@ def _track_inputs(backend, forward_batch: ForwardBatch, meta):
     mask = forward_batch.mamba_track_mask
     if mask is None:  # e.g. the capture batch without track slots: track nothing
         mask = torch.zeros(meta.max_seqs, dtype=torch.bool, device=backend.device)
-        lens = slots = torch.zeros(meta.max_seqs, dtype=torch.int64, device=backend.device)
+        lens = slots = torch.zeros(
+            meta.max_seqs, dtype=torch.int64, device=backend.device
+        )
         return TrackInputs(mask=mask, seq_lens=lens, slots=slots)
     return TrackInputs(
         mask=mask,
