@@ -85,6 +85,8 @@ def test_eager_fallback_runs_sglangs_default_kernels(
     graph, default_eager, triton_eager
 ):
     results, replays = graph
+    if first_token_topk(default_eager[0], triton_eager[0])["max_logprob_diff"] == 0:
+        pytest.skip("sglang's default GDN prefill is Triton on this GPU/model")
     vs_default = compare(default_eager[0], results[0], tol=TOL)
     topk_default = first_token_topk(default_eager[0], results[0])
     topk_triton = first_token_topk(triton_eager[0], results[0])
