@@ -200,7 +200,10 @@ class PrefillPathCounter:
                     reason,
                     self.summary(),
                 )
-        logger.debug("Prefill batch: %s. %s", reason or "full graph", self.summary())
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "Prefill batch: %s. %s", reason or "full graph", self.summary()
+            )
         if self.total % self.SUMMARY_EVERY == 0:
             logger.info(self.summary())
 
