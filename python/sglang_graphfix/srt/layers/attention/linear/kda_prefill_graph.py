@@ -139,7 +139,9 @@ def table_constants(backend) -> TableConstants:
 
 def _track_inputs(backend, forward_batch: ForwardBatch, meta):
     """The eager track selection's inputs (MambaAttnBackendBase's
-    _init_track_ssm_indices / _init_track_conv_indices), as device tensors."""
+    _init_track_ssm_indices / _init_track_conv_indices), as device tensors. One
+    dtype each (no copy when already so), so that capture and replay launch the
+    same compiled kernel."""
     if not meta.track:
         return None
     mask = forward_batch.mamba_track_mask
@@ -149,8 +151,9 @@ def _track_inputs(backend, forward_batch: ForwardBatch, meta):
             meta.max_seqs, dtype=torch.int64, device=backend.device
         )
         return TrackInputs(mask=mask, seq_lens=lens, slots=slots)
+    slots = backend._translate_mamba_indices(forward_batch.mamba_track_indices)
     return TrackInputs(
-        mask=mask,
-        seq_lens=forward_batch.mamba_track_seqlens,
-        slots=backend._translate_mamba_indices(forward_batch.mamba_track_indices),
+        mask=mask.to(torch.bool),
+        seq_lens=forward_batch.mamba_track_seqlens.to(torch.int64),
+        slots=slots.to(torch.int64),
     )
