@@ -52,10 +52,12 @@ def capture_view():
         input_ids=torch.zeros(BUCKET, dtype=torch.int64),
         batch_size=SLOTS_PER_GRAPH,
         extend_seq_lens_cpu=[BUCKET, 0, 0, 0],
+        extend_seq_lens=torch.tensor([BUCKET, 0, 0, 0]),
         req_pool_indices=torch.arange(SLOTS_PER_GRAPH),
         extend_prefix_lens=torch.zeros(SLOTS_PER_GRAPH, dtype=torch.int64),
         mamba_track_mask=torch.zeros(SLOTS_PER_GRAPH, dtype=torch.bool),
         mamba_track_indices=torch.zeros(SLOTS_PER_GRAPH, dtype=torch.int64),
+        mamba_track_seqlens=torch.zeros(SLOTS_PER_GRAPH, dtype=torch.int64),
     )
 
 
@@ -66,6 +68,7 @@ def live_batch():
         batch_size=len(LENS),
         extend_num_tokens=sum(LENS),
         extend_seq_lens_cpu=LENS,
+        extend_seq_lens=torch.tensor(LENS),
         extend_prefix_lens_cpu=PREFIX,
         extend_prefix_lens=torch.tensor(PREFIX),
         req_pool_indices=torch.tensor([1, 2, 3]),
@@ -84,10 +87,12 @@ def live_batch():
 
 def replay_view(live):
     """PrefillCudaGraphRunner._prepare_forward_metadata_for_replay's padded view:
-    request slots padded to the capture's with pool row 0, the real CPU lists."""
+    request slots padded to the capture's with pool row 0 and zero lengths, the
+    real CPU lists."""
     view = SimpleNamespace(**vars(live))
     view.batch_size = SLOTS_PER_GRAPH
     view.input_ids = torch.zeros(BUCKET, dtype=torch.int64)
     view.req_pool_indices = torch.tensor([1, 2, 3, 0])
     view.extend_prefix_lens = torch.tensor([*PREFIX, 0])
+    view.extend_seq_lens = torch.tensor([*LENS, 0])
     return view

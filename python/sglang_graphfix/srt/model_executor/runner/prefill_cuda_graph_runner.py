@@ -10,6 +10,9 @@ linear backend that cannot capture an extend from reaching the capture.
 
 from __future__ import annotations
 
+import logging
+from typing import Optional
+
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
     HybridLinearAttnBackend,
 )
@@ -20,11 +23,18 @@ from sglang.srt.layers.attention.linear.inkling_sconv_backend import (
 from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
 from sglang.srt.runtime_context import get_exec, get_spec
 from sglang_graphfix.srt.layers.attention.linear.gdn_backend import (
+    EAGER_GDN_PREFILL_DEFAULT,
     require_capturable_gdn_extend,
+)
+from sglang_graphfix.srt.layers.attention.linear.gdn_prefill_graph import (
+    use_default_eager_gdn_prefill,
+    warm_eager_gdn_prefill,
 )
 from sglang_graphfix.srt.layers.attention.linear.kda_backend import (
     require_capturable_kda_extend,
 )
+
+logger = logging.getLogger(__name__)
 
 
 # What:    Wraps PrefillCudaGraphRunner.capture: before a full prefill graph
@@ -102,3 +112,131 @@ def init_linear_graph_state_for_prefill(runner, linear) -> None:
         return  # sizes its own graph buffers at init; reads no per-bs state
     max_bs, tokens_per_req = linear_graph_state_bounds(runner)
     linear.init_cuda_graph_state(max_bs, max_bs * tokens_per_req)
+
+
+# What:    Wraps PrefillCudaGraphRunner.__init__: once a full prefill graph has
+#          captured, put the eager prefill of the batches it does not take on
+#          sglang's default kernels, warm them, and log the routing rule once.
+# Why:     A batch with more requests than full_prefill_max_req (1 at
+#          chunked_prefill_size 512), more tokens than the largest bucket, or a
+#          context above the graph's bound runs eager -- and ran eager on the
+#          Triton GDN kernel that the full graph kept for the whole process,
+#          JIT-compiling it on the first such user request ("took 2.26 s to
+#          compile after serving started"; issue 13).
+# How:     If keep_triton_gdn_prefill_for_full_graph recorded a default
+#          (FlashInfer on SM90/SM100), rebuild the GDN backend's dispatcher with
+#          it (use_default_eager_gdn_prefill; the captured extend calls its Triton
+#          kernels directly) and run that kernel once on scratch state. Then one
+#          INFO line: which batches replay the graph and which run eager.
+# Upstream: sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py::PrefillCudaGraphRunner.__init__
+# Removal: with keep_triton_gdn_prefill_for_full_graph.
+def route_full_prefill_fallback(original, self, model_runner, *args, **kwargs):
+    original(self, model_runner, *args, **kwargs)
+    if not self._is_full_backend:
+        return
+    eager_kernel = "sglang's default kernels"
+    default = getattr(model_runner, EAGER_GDN_PREFILL_DEFAULT, None)
+    for linear in _linear_attention_backends(model_runner.attn_backend):
+        if isinstance(linear, GDNAttnBackend) and default is not None:
+            use_default_eager_gdn_prefill(linear, model_runner, default)
+            eager_kernel = f"sglang's default kernels (GDN prefill: {default})"
+            _warm_eager_gdn_prefill(linear, default)
+    logger.info(
+        "Full prefill CUDA graph routing: a prefill batch replays the graph with "
+        "up to %d request(s) and %d token(s) (buckets %s); others (more requests "
+        "or tokens, contexts above the graph's bound, logprobs, LoRA, multimodal "
+        "or speculative inputs the graph cannot take) run eager on %s. Raise the "
+        'request cap with --cuda-graph-config \'{"prefill": '
+        '{"full_prefill_max_req": N}}\'.',
+        self._capture_req_slots,
+        self.max_num_tokens,
+        list(self.capture_num_tokens),
+        eager_kernel,
+    )
+    PREFILL_PATHS.reset()
+
+
+def _warm_eager_gdn_prefill(linear, default: str) -> None:
+    try:
+        warm_eager_gdn_prefill(linear)
+    except Exception as exc:  # a warm-up must not stop the server
+        logger.warning(
+            "Could not warm the %s GDN prefill kernel for eager prefill batches "
+            "(%s: %s); the first batch the full prefill graph does not take may "
+            "compile it.",
+            default,
+            type(exc).__name__,
+            exc,
+        )
+
+
+class PrefillPathCounter:
+    """Per process: how many prefill batches replayed the full prefill graph and
+    how many ran eager, by reason. Summarised at INFO on the first eager batch
+    of each reason and every SUMMARY_EVERY batches; each batch at DEBUG."""
+
+    SUMMARY_EVERY = 1000
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.graph = 0
+        self.eager = {}
+
+    @property
+    def total(self) -> int:
+        return self.graph + sum(self.eager.values())
+
+    def record(self, reason: Optional[str]) -> None:
+        if reason is None:
+            self.graph += 1
+        else:
+            first = reason not in self.eager
+            self.eager[reason] = self.eager.get(reason, 0) + 1
+            if first:
+                logger.info(
+                    "Full prefill CUDA graph: first eager prefill batch (%s). %s",
+                    reason,
+                    self.summary(),
+                )
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "Prefill batch: %s. %s", reason or "full graph", self.summary()
+            )
+        if self.total % self.SUMMARY_EVERY == 0:
+            logger.info(self.summary())
+
+    def summary(self) -> str:
+        eager = sum(self.eager.values())
+        reasons = ", ".join(f"{r}: {n}" for r, n in sorted(self.eager.items()))
+        return f"Prefill paths: {self.graph} full graph, {eager} eager" + (
+            f" ({reasons})" if reasons else ""
+        )
+
+
+PREFILL_PATHS = PrefillPathCounter()
+
+
+# What:    Wraps PrefillCudaGraphRunner.can_run_graph: count which path each
+#          prefill batch takes under a full prefill graph (PREFILL_PATHS).
+# Why:     Batches the graph cannot take run eager without a trace; at
+#          chunked_prefill_size 512 every multi-request batch did (issue 13),
+#          and nothing in the logs said so.
+# How:     After the original verdict, record "full graph" or the eager reason
+#          (request cap, token cap, else another of sglang's replay conditions).
+# Upstream: sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py::PrefillCudaGraphRunner.can_run_graph
+# Removal: once upstream reports prefill graph coverage (its metrics).
+def count_prefill_paths(original, self, forward_batch):
+    verdict = original(self, forward_batch)
+    if self._is_full_backend and forward_batch.forward_mode.is_extend():
+        PREFILL_PATHS.record(None if verdict else _eager_reason(self, forward_batch))
+    return verdict
+
+
+def _eager_reason(runner, forward_batch) -> str:
+    if forward_batch.batch_size > runner._capture_req_slots:
+        return f"more than {runner._capture_req_slots} requests"
+    if len(forward_batch.input_ids) > runner.max_num_tokens:
+        return f"more than {runner.max_num_tokens} tokens"
+    return "other replay condition"

@@ -107,13 +107,20 @@ def gdn_extend_on_full_graph_tables(
     )
 
 
-# What:    Wraps flashinfer_gdn_prefill_default: no FlashInfer default for GDN
-#          prefill when the prefill CUDA graph backend is full.
-# Why:     The captured GDN extend runs the Triton chunk kernels; an automatic
-#          FlashInfer prefill would make the capture fail (or leave eager and
-#          graph prefill on different kernels).
-# How:     Return None (keep Triton) with a warning; an explicit
-#          --linear-attn-prefill-backend never reaches this default.
+# What:    Wraps flashinfer_gdn_prefill_default: under a full prefill CUDA graph,
+#          build the GDN backend with the Triton prefill kernel, and remember
+#          sglang's default for the batches the graph does not take.
+# Why:     The captured GDN extend runs the Triton chunk kernels on static tables
+#          and the capture-time check asks for the Triton prefill kernel; an
+#          automatic FlashInfer prefill would fail that check. Keeping Triton for
+#          every prefill (as before) also put the eager fallback -- every batch
+#          above full_prefill_max_req requests or the largest bucket -- on
+#          Triton instead of sglang's default (issue 13).
+# How:     Return None (Triton) and record the default on the model runner
+#          (EAGER_GDN_PREFILL_DEFAULT); once the prefill graph has captured,
+#          prefill_cuda_graph_runner.route_full_prefill_fallback puts the eager
+#          extend back on that default. An explicit --linear-attn-prefill-backend
+#          never reaches this default.
 # Upstream: sglang/srt/layers/attention/linear/gdn_backend.py::flashinfer_gdn_prefill_default
 # Removal: with gdn_extend_on_full_graph_tables, or once FlashInfer GDN prefill
 #          can be captured.
@@ -121,9 +128,18 @@ def keep_triton_gdn_prefill_for_full_graph(original, model_runner):
     default = original(model_runner)
     if default is None or not check_cuda_graph_backend(Phase.PREFILL, Backend.FULL):
         return default
+    if model_runner is not None:
+        setattr(model_runner, EAGER_GDN_PREFILL_DEFAULT, default)
     logger.warning(
-        "Keeping the Triton GDN prefill kernel instead of the %s default: the full "
-        "prefill CUDA graph captures the Triton GDN extend.",
+        "Keeping the Triton GDN prefill kernel instead of the %s default for the "
+        "full prefill CUDA graph, which captures the Triton GDN extend; prefill "
+        "batches the graph does not take run %s once it is captured.",
+        default,
         default,
     )
     return None
+
+
+# The model runner attribute holding sglang's GDN prefill default under a full
+# prefill graph (set above, read after capture).
+EAGER_GDN_PREFILL_DEFAULT = "graphfix_eager_gdn_prefill_default"

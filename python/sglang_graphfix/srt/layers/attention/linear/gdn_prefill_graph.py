@@ -35,10 +35,17 @@ from sglang.kernels.ops.attention.triton_gdn_fused_proj import (
 )
 from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_fn
 from sglang.kernels.ops.mamba.kda_prefill_track import TRACK_NONE, kda_track_ssm_state
-from sglang.srt.layers.attention.linear.gdn_backend import MAX_FUSED_QKV_SPLIT_DIM
+from sglang.srt.layers.attention.linear.gdn_backend import (
+    MAX_FUSED_QKV_SPLIT_DIM,
+    GDNKernelDispatcher,
+)
 from sglang.srt.layers.attention.linear.kda_prefill_graph import (
     KDA_CHUNK_SIZE,
     KDAPrefillGraphMetadata,
+)
+from sglang.srt.layers.attention.linear.utils import (
+    LinearAttnBackends,
+    LinearAttnKernelBackend,
 )
 
 # The tables are KDA's; they describe GDN's chunking only because both use the
@@ -199,3 +206,62 @@ def _snapshot_ssm_states(ssm_states, h, meta) -> None:
         track_dst=meta.track_dst,
         cache_indices=meta.cache_indices,
     )
+
+
+def use_default_eager_gdn_prefill(linear, model_runner, default: str) -> None:
+    """Eager GDN extends -- the prefill batches a full prefill graph does not
+    take -- on the kernel sglang picks by default (``default``, e.g. FlashInfer
+    on SM90/SM100): sglang's own dispatcher for that choice. Captured extends are
+    unaffected: gdn_extend_in_graph calls the Triton kernels directly, on the same
+    [slots, HV, V, K] state pool the FlashInfer kernel uses."""
+    backends = linear.linear_attn_backends
+    resolved = LinearAttnBackends(
+        decode=backends.decode,
+        prefill=LinearAttnKernelBackend(default),
+        verify=backends.verify,
+    )
+    linear.kernel_dispatcher = GDNKernelDispatcher(
+        resolved.decode, resolved.prefill, resolved.verify
+    )
+    linear.linear_attn_backends = resolved
+    if getattr(model_runner, "linear_attn_backends", None) is backends:
+        model_runner.linear_attn_backends = resolved
+
+
+def warm_eager_gdn_prefill(linear) -> None:
+    """Run the eager extend kernel once on scratch state (two requests, this
+    rank's head layout), so its JIT build happens at startup, not on the first
+    batch the graph does not take. Touches no pool slot."""
+    cache = linear.req_to_token_pool.mamba_pool.mamba_cache
+    num_v_heads, v_dim, k_dim = cache.temporal.shape[-3:]
+    conv_dim = linear.conv_states_shape[-2]  # q + k + v channels
+    num_k_heads = (conv_dim - num_v_heads * v_dim) // (2 * k_dim)
+    device, dtype = cache.temporal.device, linear_prefill_activation_dtype(linear)
+    lens = (3, 70)  # one short request, one over a 64-token chunk
+    tokens = sum(lens)
+
+    def randn(*shape):
+        return torch.randn(1, tokens, *shape, device=device, dtype=dtype) * 0.1
+
+    linear.kernel_dispatcher.extend_kernel.extend(
+        randn(num_k_heads, k_dim),
+        randn(num_k_heads, k_dim),
+        randn(num_v_heads, v_dim),
+        -torch.rand(1, tokens, num_v_heads, device=device, dtype=torch.float32),
+        torch.rand(1, tokens, num_v_heads, device=device, dtype=dtype),
+        ssm_states=torch.zeros(
+            (len(lens), num_v_heads, v_dim, k_dim),
+            device=device,
+            dtype=cache.temporal.dtype,
+        ),
+        cache_indices=torch.arange(len(lens), device=device, dtype=torch.int32),
+        query_start_loc=torch.tensor(
+            [0, lens[0], tokens], device=device, dtype=torch.int32
+        ),
+    )
+
+
+def linear_prefill_activation_dtype(linear) -> torch.dtype:
+    """The model's activation dtype (q/k/v of the extend)."""
+    runner = getattr(linear, "_model_runner", None)
+    return getattr(runner, "dtype", None) or torch.bfloat16

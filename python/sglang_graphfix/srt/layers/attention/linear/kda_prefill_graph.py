@@ -6,28 +6,50 @@ Extends sglang/srt/layers/attention/linear/kda_prefill_graph.py, where those
 static tables are built for breakable graphs: a full prefill graph keeps one set
 per captured token bucket on the linear backend (GDN and KDA alike), allocated at
 capture and refilled from the runner's slot-padded batch before every replay.
+
+The refill runs on the device (sglang_graphfix_kernel.linear_prefill_tables):
+upstream's KDAPrefillGraphMetadata.fill builds the tables on the host from the
+batch's CPU lengths (numpy, per-row Python for the prefix-cache track plan, a
+pinned copy), work that grows with the number of requests and sits on the replay
+path before every full-graph forward. Here the same tables come from the batch's
+device tensors in one kernel launch; the host work per replay is constant.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import torch
 
+from sglang.kernels.ops.mamba.causal_conv1d_triton import (
+    CAUSAL_CONV1D_FWD_BLOCK_M,
+    PAD_SLOT_ID,
+)
+from sglang.kernels.ops.mamba.kda_prefill_track import (
+    TRACK_CHUNK_STATE,
+    TRACK_FINAL_STATE,
+)
+from sglang.srt.layers.attention.linear import kda_prefill_graph as upstream
 from sglang.srt.layers.attention.linear.kda_prefill_graph import (
+    KDA_CHUNK_SIZE,
     KDAPrefillGraphMetadata,
-    KDAPrefillTrackRows,
-    build_track_rows,
 )
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.runtime_context import mamba_cache_chunk_size
+from sglang_graphfix_kernel.linear_prefill_tables import (
+    TableConstants,
+    TableViews,
+    TrackInputs,
+    fill_linear_prefill_tables,
+)
 
 
 def full_prefill_graph_tables(
     backend, forward_batch: ForwardBatch, *, in_capture: bool, family: str
 ) -> KDAPrefillGraphMetadata:
     """Allocate (capture) or look up (replay) the bucket's tables and fill them
-    from ``forward_batch``, the runner's slot-padded view of the batch."""
+    on the device from ``forward_batch``, the runner's slot-padded view of the
+    batch. Host work is the same for one request or for every request slot."""
     bucket = forward_batch.input_ids.shape[0]
-    lens = real_extend_lens(forward_batch.extend_seq_lens_cpu)
+    bs = num_real_requests(forward_batch.extend_seq_lens_cpu)
     # Same slot resolution as MambaAttnBackendBase._forward_metadata.
     cache_indices = backend._translate_mamba_indices(
         backend.req_to_token_pool.get_mamba_indices(forward_batch.req_pool_indices)
@@ -44,7 +66,6 @@ def full_prefill_graph_tables(
             cache_index_dtype=cache_indices.dtype,
             device=backend.device,
         )
-        track_rows = None  # the capture batch tracks nothing
     else:
         meta = tables.get(bucket)
         if meta is None:
@@ -52,62 +73,87 @@ def full_prefill_graph_tables(
                 f"{family} full prefill graph: no tables were captured for the "
                 f"{bucket}-token bucket (captured: {sorted(tables)})"
             )
-        track_rows = prefix_cache_track_rows(backend, forward_batch, lens)
-        if track_rows is not None and not meta.track:
+        if forward_batch.mamba_track_mask is not None and not meta.track:
             raise RuntimeError(
                 f"{family} full prefill graph: a prefix-cache track batch replayed "
                 "on tables captured without track copies (the mamba extra buffer "
                 "was off at capture)"
             )
-    if len(lens) > meta.max_seqs:
+    if bs > meta.max_seqs:
         raise RuntimeError(
-            f"{family} full prefill graph: {len(lens)} requests exceed the "
+            f"{family} full prefill graph: {bs} requests exceed the "
             f"{meta.max_seqs} rows of the {bucket}-token bucket's tables"
         )
-    meta.fill(
-        extend_seq_lens=lens,
-        cache_indices=cache_indices,
+    fill_linear_prefill_tables(
+        table_views(meta),
+        bs=bs,
+        max_seqs=meta.max_seqs,
+        extend_seq_lens=forward_batch.extend_seq_lens,
         extend_prefix_lens=forward_batch.extend_prefix_lens,
-        track_rows=track_rows,
+        slots=cache_indices,
+        track=_track_inputs(backend, forward_batch, meta),
+        constants=table_constants(backend),
     )
     return meta
 
 
-def real_extend_lens(extend_seq_lens_cpu) -> list:
-    """Extend lengths of the real requests: the runner pads the capture batch
-    (and replays) with zero-length request slots at the end."""
-    lens = [int(n) for n in extend_seq_lens_cpu]
-    while lens and lens[-1] == 0:
-        lens.pop()
-    return lens
+def num_real_requests(extend_seq_lens_cpu) -> int:
+    """Requests in the batch: the runner pads the capture batch with zero-length
+    request slots at the end (a replayed batch has none, so this reads one entry)."""
+    n = len(extend_seq_lens_cpu)
+    while n and extend_seq_lens_cpu[n - 1] == 0:
+        n -= 1
+    return n
 
 
-def prefix_cache_track_rows(
-    backend, forward_batch: ForwardBatch, lens: list
-) -> Optional[KDAPrefillTrackRows]:
-    """The eager track selection (MambaAttnBackendBase._init_track_ssm_indices,
-    _init_track_conv_indices) as per-row lists."""
-    if forward_batch.mamba_track_mask is None:
-        return None
-    n = len(lens)
-    host = (
-        forward_batch.mamba_prefill_track_mask_cpu,
-        forward_batch.mamba_track_seqlens_cpu,
-        forward_batch.extend_prefix_lens_cpu,
+def table_views(meta: KDAPrefillGraphMetadata) -> TableViews:
+    return TableViews(
+        cu_seqlens=meta.cu_seqlens,
+        chunk_indices=meta.chunk_indices,
+        chunk_offsets=meta.chunk_offsets,
+        conv_block_table=meta.conv_block_table,
+        track_chunk_idx=meta.track_chunk_idx,
+        track_mode=meta.track_mode,
+        track_conv_start=meta.track_conv_start,
+        num_logical_tokens=meta.num_logical_tokens,
+        cache_indices=meta.cache_indices,
+        has_initial_state=meta.has_initial_state,
+        track_dst=meta.track_dst,
     )
-    if all(v is not None and len(v) == n for v in host):
-        mask, track_seq_lens, prefix_lens = (list(v) for v in host)
-    else:  # the same host copies the eager path takes without CPU metadata
-        mask = forward_batch.mamba_track_mask[:n].tolist()
-        track_seq_lens = forward_batch.mamba_track_seqlens[:n].tolist()
-        prefix_lens = forward_batch.extend_prefix_lens[:n].tolist()
-    return build_track_rows(
-        track_mask=mask,
-        track_seq_lens=track_seq_lens,
-        extend_seq_lens=lens,
-        extend_prefix_lens=prefix_lens,
-        state_chunk_size=backend.mamba_chunk_size,
-        cache_chunk_size=mamba_cache_chunk_size(),
+
+
+def table_constants(backend) -> TableConstants:
+    """The chunking upstream's fill and build_track_rows use."""
+    return TableConstants(
+        chunk=KDA_CHUNK_SIZE,
+        conv_block=CAUSAL_CONV1D_FWD_BLOCK_M,
+        state_chunk=backend.mamba_chunk_size,
+        cache_chunk=mamba_cache_chunk_size(),
         conv_len=backend.conv_states_shape[-1],
-        dst=backend._translate_mamba_indices(forward_batch.mamba_track_indices),
+        pad_chunk=upstream._PAD_CHUNK,
+        pad_slot=PAD_SLOT_ID,
+        track_final=TRACK_FINAL_STATE,
+        track_chunk=TRACK_CHUNK_STATE,
+    )
+
+
+def _track_inputs(backend, forward_batch: ForwardBatch, meta):
+    """The eager track selection's inputs (MambaAttnBackendBase's
+    _init_track_ssm_indices / _init_track_conv_indices), as device tensors. One
+    dtype each (no copy when already so), so that capture and replay launch the
+    same compiled kernel."""
+    if not meta.track:
+        return None
+    mask = forward_batch.mamba_track_mask
+    if mask is None:  # e.g. the capture batch without track slots: track nothing
+        mask = torch.zeros(meta.max_seqs, dtype=torch.bool, device=backend.device)
+        lens = slots = torch.zeros(
+            meta.max_seqs, dtype=torch.int64, device=backend.device
+        )
+        return TrackInputs(mask=mask, seq_lens=lens, slots=slots)
+    slots = backend._translate_mamba_indices(forward_batch.mamba_track_indices)
+    return TrackInputs(
+        mask=mask.to(torch.bool),
+        seq_lens=forward_batch.mamba_track_seqlens.to(torch.int64),
+        slots=slots.to(torch.int64),
     )

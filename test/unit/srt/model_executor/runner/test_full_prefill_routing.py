@@ -1,0 +1,246 @@
+"""Full prefill graph routing: sglang's own PrefillCudaGraphRunner.can_run_graph
+decides graph or eager for each prefill batch and the engine counts the path
+(PREFILL_PATHS, logged); once the graph has captured, the eager batches of a GDN
+model run sglang's default prefill kernel (FlashInfer on SM90/SM100, chosen by
+sglang's own GDNKernelDispatcher) while the captured graphs keep the Triton
+tables path, and the routing rule is logged once."""
+
+import logging
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
+    HybridLinearAttnBackend,
+)
+from sglang.srt.layers.attention.linear import gdn_backend as upstream_gdn
+from sglang.srt.layers.attention.linear.kernels import gdn_flashinfer
+from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
+from sglang.srt.layers.attention.linear.utils import (
+    LinearAttnBackends,
+    LinearAttnKernelBackend,
+)
+from sglang.srt.model_executor.cuda_graph_config import Backend
+from sglang.srt.model_executor.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardMode,
+)
+from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import (
+    PrefillCudaGraphRunner,
+)
+from sglang_graphfix.srt.layers.attention.linear.gdn_backend import (
+    EAGER_GDN_PREFILL_DEFAULT,
+)
+from sglang_graphfix.srt.model_executor.runner import prefill_cuda_graph_runner as ours
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "layers" / "attention"))
+from gdn_stub import make_gdn  # noqa: E402
+
+SLOTS, BUCKETS = 2, [16, 64, 256, 512]
+
+
+def _runner(linear=None):
+    """A full prefill runner after capture (the fields can_run_graph reads)."""
+    runner = PrefillCudaGraphRunner.__new__(PrefillCudaGraphRunner)
+    runner._is_full_backend = True
+    runner.prefill_backend_name = Backend.FULL
+    runner._capture_req_slots = SLOTS
+    runner.capture_num_tokens = BUCKETS
+    runner.max_num_tokens = max(BUCKETS)
+    runner.max_context_size = runner.max_seq_len = None
+    runner._captured_attn_metadata_max_bs = None
+    runner.enable_lora = False
+    runner.has_mha_companion_layers = False
+    runner._capture_chunked_prefix = False
+    runner.capture_hidden_mode = CaptureHiddenMode.NULL
+    runner.enable_cp_bcg_capture = False
+    hybrid = HybridLinearAttnBackend.__new__(HybridLinearAttnBackend)
+    hybrid.linear_attn_backend = linear or make_gdn()
+    runner.model_runner = SimpleNamespace(attn_backend=hybrid)
+    return runner
+
+
+def _batch(lens):
+    return SimpleNamespace(
+        forward_mode=ForwardMode.EXTEND,
+        global_forward_mode=ForwardMode.EXTEND,
+        batch_size=len(lens),
+        input_ids=torch.zeros(sum(lens), dtype=torch.int64),
+        global_num_tokens_cpu=None,
+        input_embeds=None,
+        replace_embeds=None,
+        extend_prefix_lens_cpu=[0] * len(lens),
+        capture_hidden_mode=CaptureHiddenMode.NULL,
+        return_logprob=False,
+        contains_mm_inputs=lambda: False,
+    )
+
+
+@pytest.fixture(autouse=True)
+def fresh_counter():
+    ours.PREFILL_PATHS.reset()
+    yield ours.PREFILL_PATHS
+
+
+def test_the_hooks_wrap_upstreams_methods():
+    assert PrefillCudaGraphRunner.can_run_graph.__wrapped__.__qualname__ == (
+        "PrefillCudaGraphRunner.can_run_graph"
+    )
+    assert PrefillCudaGraphRunner.__init__.__wrapped__.__qualname__ == (
+        "PrefillCudaGraphRunner.__init__"
+    )
+
+
+def test_each_prefill_batch_counts_its_path(caplog, fresh_counter):
+    runner = _runner()
+    caplog.set_level(logging.INFO, logger=ours.__name__)
+    verdicts = [
+        runner.can_run_graph(_batch(lens))
+        for lens in ([16], [30, 30], [8, 8, 8], [600], [100, 100], [5] * 9)
+    ]
+    assert verdicts == [True, True, False, False, True, False]
+    assert fresh_counter.graph == 3
+    assert fresh_counter.eager == {
+        f"more than {SLOTS} requests": 2,
+        "more than 512 tokens": 1,
+    }
+    # One INFO line on the first eager batch of each reason, with the summary.
+    first = [r.getMessage() for r in caplog.records if "first eager" in r.getMessage()]
+    assert len(first) == 2
+    assert "more than 2 requests" in first[0] and "2 full graph, 1 eager" in first[0]
+
+
+def test_breakable_graphs_count_nothing(fresh_counter):
+    runner = _runner()
+    runner._is_full_backend = False
+    runner.prefill_backend_name = Backend.BREAKABLE
+    runner.can_run_graph(_batch([16]))
+    assert fresh_counter.total == 0
+
+
+def test_summary_every_n_batches(caplog, fresh_counter, monkeypatch):
+    monkeypatch.setattr(ours.PrefillPathCounter, "SUMMARY_EVERY", 4)
+    caplog.set_level(logging.INFO, logger=ours.__name__)
+    runner = _runner()
+    for _ in range(8):
+        runner.can_run_graph(_batch([16]))
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "Prefill paths: 4 full graph, 0 eager",
+        "Prefill paths: 8 full graph, 0 eager",
+    ]
+
+
+# --- after capture: sglang's default eager GDN kernel, warmed; the rule logged
+
+
+class _FlashInferGDNKernel:
+    """sglang's FlashInferGDNKernel on CPU: records the warm-up extend."""
+
+    supports_target_verify = True
+    uses_state_checkpoints = True
+    calls = []
+
+    def extend(self, q, k, v, g, beta, *, ssm_states, cache_indices, query_start_loc):
+        self.calls.append((q.shape, k.shape, v.shape, g.shape, ssm_states.shape))
+        return None
+
+
+@pytest.fixture
+def flashinfer_on_cpu(monkeypatch):
+    monkeypatch.setattr(upstream_gdn, "is_cuda", lambda: True)
+    monkeypatch.setattr(gdn_flashinfer, "FlashInferGDNKernel", _FlashInferGDNKernel)
+    _FlashInferGDNKernel.calls = []
+    return _FlashInferGDNKernel
+
+
+def _gdn_after_triton_default():
+    """A GDN backend as sglang builds it when the full graph kept Triton."""
+    gdn = make_gdn()
+    gdn.linear_attn_backends = LinearAttnBackends(
+        decode=LinearAttnKernelBackend.TRITON,
+        prefill=LinearAttnKernelBackend.TRITON,
+        verify=LinearAttnKernelBackend.TRITON,
+    )
+    # This rank: 4 value heads of 128 x 128 state, 2 key heads of 128
+    # (conv channels 2*2*128 + 4*128).
+    gdn.conv_states_shape = (16, 1024, 3)
+    temporal = torch.zeros(3, 16, 4, 128, 128)
+    gdn.req_to_token_pool.mamba_pool = SimpleNamespace(
+        mamba_cache=SimpleNamespace(temporal=temporal)
+    )
+    return gdn
+
+
+def _after_capture(runner, model_runner):
+    """The hook around sglang's __init__, with a stand-in for the capture it ran."""
+    ours.route_full_prefill_fallback(lambda self, mr: None, runner, model_runner)
+
+
+def test_eager_gdn_prefill_returns_to_sglangs_default_after_capture(
+    flashinfer_on_cpu, caplog
+):
+    gdn = _gdn_after_triton_default()
+    runner = _runner(gdn)
+    model_runner = runner.model_runner
+    model_runner.linear_attn_backends = gdn.linear_attn_backends
+    setattr(model_runner, EAGER_GDN_PREFILL_DEFAULT, "flashinfer")
+    caplog.set_level(logging.INFO, logger=ours.__name__)
+    _after_capture(runner, model_runner)
+    dispatcher = gdn.kernel_dispatcher
+    assert isinstance(dispatcher.extend_kernel, _FlashInferGDNKernel)
+    assert isinstance(dispatcher.decode_kernel, TritonGDNKernel)  # decode as before
+    assert isinstance(dispatcher.verify_kernel, TritonGDNKernel)
+    assert gdn.linear_attn_backends.prefill.is_flashinfer()
+    assert model_runner.linear_attn_backends is gdn.linear_attn_backends
+    # warmed at startup, on this rank's heads and a scratch state
+    assert flashinfer_on_cpu.calls == [
+        (
+            (1, 73, 2, 128),
+            (1, 73, 2, 128),
+            (1, 73, 4, 128),
+            (1, 73, 4),
+            (2, 4, 128, 128),
+        )
+    ]
+    rule = [r.getMessage() for r in caplog.records if "routing" in r.getMessage()]
+    assert len(rule) == 1
+    assert "up to 2 request(s) and 512 token(s)" in rule[0]
+    assert "GDN prefill: flashinfer" in rule[0] and "full_prefill_max_req" in rule[0]
+
+
+def test_without_a_flashinfer_default_the_kernels_stay(flashinfer_on_cpu, caplog):
+    gdn = _gdn_after_triton_default()
+    kept = gdn.kernel_dispatcher
+    runner = _runner(gdn)
+    caplog.set_level(logging.INFO, logger=ours.__name__)
+    _after_capture(runner, runner.model_runner)
+    assert gdn.kernel_dispatcher is kept and flashinfer_on_cpu.calls == []
+    assert "sglang's default kernels." in caplog.text
+
+
+def test_a_failed_warm_up_warns_and_serves(flashinfer_on_cpu, caplog, monkeypatch):
+    gdn = _gdn_after_triton_default()
+    runner = _runner(gdn)
+    setattr(runner.model_runner, EAGER_GDN_PREFILL_DEFAULT, "flashinfer")
+    monkeypatch.setattr(
+        _FlashInferGDNKernel,
+        "extend",
+        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("jit")),
+    )
+    _after_capture(runner, runner.model_runner)
+    assert "Could not warm the flashinfer GDN prefill kernel" in caplog.text
+    assert isinstance(gdn.kernel_dispatcher.extend_kernel, _FlashInferGDNKernel)
+
+
+def test_breakable_runner_is_untouched(flashinfer_on_cpu):
+    gdn = _gdn_after_triton_default()
+    kept = gdn.kernel_dispatcher
+    runner = _runner(gdn)
+    runner._is_full_backend = False
+    setattr(runner.model_runner, EAGER_GDN_PREFILL_DEFAULT, "flashinfer")
+    _after_capture(runner, runner.model_runner)
+    assert gdn.kernel_dispatcher is kept
