@@ -323,6 +323,7 @@ def cpu_stand_ins(monkeypatch):
     monkeypatch.setattr(ours, "lora_head_gate", _full_head_gate)
     monkeypatch.setattr(ours, "bf16_gemm_fp32_out", _merged_gemm)
     ours.drop_merged_weights_proj()
+    ours._RESERVED.clear()
     FUSED_DELTA_CALLS.clear()
     FULL_GATE_CALLS.clear()
     MERGED_GEMM_CALLS.clear()
@@ -502,3 +503,90 @@ def _one_adapter_gate(layer, x, q_scale=None):
     with _split_op_context(_lora_ids(ONE_ADAPTER_REQUESTS)):
         return _indexer(layer)._get_logits_head_gate(x, _q_scale() if q_scale is None else q_scale)
 
+
+
+# --------------------------------------------------------------------------- #
+# sglang's LoRA manager and memory pool around one indexer.
+# --------------------------------------------------------------------------- #
+
+
+def _lora_server(monkeypatch, prefill="breakable", deterministic=False):
+    """What sglang's LoRA memory pool and the merged gate read of a running
+    server: the parallel layout (TP 1) and the published exec config (the
+    prefill CUDA graph backend, --enable-deterministic-inference)."""
+    from sglang.srt.lora import mem_pool as upstream_pool
+
+    monkeypatch.setattr(
+        upstream_pool,
+        "get_parallel",
+        lambda: SimpleNamespace(
+            tp_size=1, tp_rank=0, attn_tp_size=1,
+            moe_ep_size=1, moe_ep_rank=0, moe_tp_size=1, moe_tp_rank=0,
+        ),
+    )  # fmt: skip
+    published = SimpleNamespace(is_config_namespace_published=lambda name: True)
+    monkeypatch.setattr(ours, "get_context", lambda: published)
+    exec_config = SimpleNamespace(
+        deterministic=SimpleNamespace(enable_deterministic_inference=deterministic),
+        graph=SimpleNamespace(
+            cuda_graph_config=SimpleNamespace(prefill=SimpleNamespace(backend=prefill))
+        ),
+    )
+    monkeypatch.setattr(ours, "get_exec", lambda: exec_config)
+
+
+def _lora_manager(layer):
+    """sglang's LoRAManager (its __init__ needs a server: the attributes set
+    here are what init_memory_pool and unload_lora_adapter read) for a
+    one-layer DeepSeek-V3.2-shaped model whose indexer owns ``layer``, a
+    LoRA-wrapped weights_proj, the only --lora-target-modules, with
+    --max-loras-per-batch MAX_LORAS."""
+    from sglang.srt.lora.lora_manager import LoRAManager
+
+    model = torch.nn.Module()
+    model.model = torch.nn.Module()
+    model.model.layers = torch.nn.ModuleList([torch.nn.Module()])
+    model.model.layers[0].self_attn = torch.nn.Module()
+    model.model.layers[0].self_attn.indexer = _indexer(layer)
+    model.config = SimpleNamespace(
+        architectures=["DeepseekV32ForCausalLM"],
+        num_hidden_layers=1,
+        hidden_size=HIDDEN,
+        num_attention_heads=4,
+        index_n_heads=N_HEADS,
+        index_head_dim=HEAD_DIM,
+        index_topk=TOPK,
+    )
+    manager = LoRAManager.__new__(LoRAManager)
+    manager.__dict__.update(
+        base_model=model,
+        base_hf_config=model.config,
+        device=torch.device("cpu"),
+        max_loras_per_batch=MAX_LORAS,
+        dtype=torch.bfloat16,
+        max_lora_rank=MAX_RANK,
+        target_modules={"indexer.weights_proj"},
+        eviction_policy="lru",
+        lora_added_tokens_size=0,
+        experts_shared_outer_loras=False,
+        lora_strict_loading=False,
+        enable_lora_overlap_loading=False,
+        lora_modules=[{"self_attn.indexer.weights_proj": layer}],
+        embed_tokens_module=None,
+        lm_head_module=None,
+        configs={},
+        loras={},
+        lora_refs={},
+        num_pinned_loras=0,
+        pending_lora_load_events={},
+    )
+    return manager
+
+
+def _resident(pool, lora_id, slot):
+    """The pool's records after it loaded adapter ``lora_id`` into ``slot``
+    (LoRAMemoryPool.prepare_lora_batch); the weights themselves are the
+    layer's own buffers (_lora_buffers)."""
+    pool.eviction_policy.mark_used(lora_id)
+    pool.uid_to_buffer_id[lora_id] = slot
+    pool.buffer_id_to_uid[slot] = lora_id
