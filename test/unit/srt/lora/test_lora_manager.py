@@ -16,6 +16,7 @@ from dsa_indexer_lora_cases import (
     cpu_stand_ins,  # noqa: F401  (autouse)
 )
 from sglang.srt.lora.lora_manager import LoRAManager
+from sglang.srt.utils.common import DynamicGradMode
 from sglang_graphfix.srt.layers.attention.dsa import dsa_indexer as ours
 from torch._dynamo.testing import CompileCounter
 
@@ -23,8 +24,9 @@ from torch._dynamo.testing import CompileCounter
 def test_pool_init_compiles_the_merged_gate_scaling(monkeypatch):
     """sglang's LoRAManager.init_memory_pool compiles scale_merged_head_gates
     (here with a counting backend instead of Inductor) on the shapes and
-    constants the gate passes it, so the first single-adapter batch, of
-    another token count, runs it without compiling."""
+    constants the gate passes it and in the scheduler's grad mode, so the
+    first single-adapter batch, of another token count, runs it without
+    compiling."""
     _lora_server(monkeypatch)
     counter = CompileCounter()
     compiled = torch.compile(
@@ -41,7 +43,8 @@ def test_pool_init_compiles_the_merged_gate_scaling(monkeypatch):
         LoRAManager.init_memory_pool(manager)
         compiled_at_startup = counter.frame_count
         _resident(manager.memory_pool, "adapter1", 1)
-        _one_adapter_gate(layer, x)
+        with DynamicGradMode():  # the scheduler's event loop (Dynamo guards it)
+            _one_adapter_gate(layer, x)
 
     assert compiled_at_startup == 1
     assert counter.frame_count == 1, "the first single-adapter batch compiled"

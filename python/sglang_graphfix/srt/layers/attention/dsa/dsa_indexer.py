@@ -39,6 +39,7 @@ from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph impo
     is_in_tc_piecewise_cuda_graph,
 )
 from sglang.srt.runtime_context import get_context, get_exec
+from sglang.srt.utils.common import DynamicGradMode
 
 _LORA = "DSA indexer LoRA on indexer.weights_proj"
 _DROP = "or drop weights_proj from --lora-target-modules."
@@ -264,9 +265,11 @@ def drop_adapter_merged_weights_proj(lora_id: str) -> int:
 
 def warm_up_merged_gate_scaling(model) -> int:
     """Compile scale_merged_head_gates (torch.compile, Inductor) for every
-    indexer of ``model`` with a merged-weight reservation, on the shapes and
-    constants the gate passes it (tokens are dynamic); how many distinct
-    compilations ran. Outside stream capture, before any request."""
+    indexer of ``model`` with a merged-weight reservation, as the gate calls
+    it: its dtypes, constants, device and grad mode (the scheduler's
+    DynamicGradMode; Dynamo guards on it), tokens dynamic (4096 as a size
+    hint, a typical prefill bucket); how many distinct compilations ran.
+    Outside stream capture, before any request."""
     seen = set()
     for module in model.modules():
         if not (
@@ -279,26 +282,32 @@ def warm_up_merged_gate_scaling(model) -> int:
         if key in seen:
             continue
         seen.add(key)
-        tokens = 16
-        logits = torch.zeros(
-            (tokens, 2 * module.n_heads), dtype=torch.float32, device=device
-        )
-        # act_quant's scales of the indexer query: one per head and block.
-        q_scale = torch.ones(
-            (tokens, module.n_heads, module.head_dim // module.block_size),
-            dtype=torch.float32,
-            device=device,
-        )
-        scale_merged_head_gates(logits, q_scale, module.n_heads, module.softmax_scale)
+        with DynamicGradMode():
+            tokens = 4096
+            logits = torch.zeros(
+                (tokens, 2 * module.n_heads), dtype=torch.float32, device=device
+            )
+            # act_quant's scales of the indexer query: one per head and block.
+            q_scale = torch.ones(
+                (tokens, module.n_heads, module.head_dim // module.block_size),
+                dtype=torch.float32,
+                device=device,
+            )
+            scale_merged_head_gates(
+                logits, q_scale, module.n_heads, module.softmax_scale
+            )
     return len(seen)
 
 
 def breakable_prefill_graph() -> bool:
-    """--cuda-graph-backend-prefill is breakable (sglang's default on CUDA);
-    False where no server config is published."""
-    return get_context().is_config_namespace_published("exec") and (
-        get_exec().graph.cuda_graph_config.prefill.backend == Backend.BREAKABLE
-    )
+    """The prefill CUDA graph backend is breakable (sglang's default on CUDA;
+    read as upstream's resolve_prefill_backend does); False where no server
+    config is published."""
+    if not get_context().is_config_namespace_published("exec"):
+        return False
+    config = get_exec().graph.cuda_graph_config
+    backend = config.prefill.backend if config is not None else Backend.BREAKABLE
+    return backend == Backend.BREAKABLE
 
 
 def deterministic_inference() -> bool:
