@@ -557,6 +557,9 @@ def _lora_manager(layer):
         index_head_dim=HEAD_DIM,
         index_topk=TOPK,
     )
+    # sglang's manager wraps the modules (init_lora_modules) before it sets up
+    # the pool, and hands them the pool's buffers after (update_lora_info).
+    layer.set_lora = False
     manager = LoRAManager.__new__(LoRAManager)
     manager.__dict__.update(
         base_model=model,
@@ -581,6 +584,17 @@ def _lora_manager(layer):
         pending_lora_load_events={},
     )
     return manager
+
+
+def _init_lora_pool(manager):
+    """LoRAManager.init_state's last steps: sglang's init_memory_pool, then
+    update_lora_info's set_lora_info on weights_proj, here with the
+    adapters' buffers (_lora_buffers) instead of the new pool's empty ones."""
+    from sglang.srt.lora.lora_manager import LoRAManager
+
+    LoRAManager.init_memory_pool(manager)
+    (modules,) = manager.lora_modules
+    modules["self_attn.indexer.weights_proj"].set_lora_info(*_lora_buffers())
 
 
 def _resident(pool, lora_id, slot):

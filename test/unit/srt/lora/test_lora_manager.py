@@ -6,6 +6,7 @@ from dsa_indexer_lora_cases import (
     MERGED_GEMM_CALLS,
     ONE_ADAPTER_REQUESTS,
     ROWS,
+    _init_lora_pool,
     _inputs,
     _lora_manager,
     _lora_server,
@@ -15,7 +16,6 @@ from dsa_indexer_lora_cases import (
     _weights_proj,
     cpu_stand_ins,  # noqa: F401  (autouse)
 )
-from sglang.srt.lora.lora_manager import LoRAManager
 from sglang.srt.utils.common import DynamicGradMode
 from sglang_graphfix.srt.layers.attention.dsa import dsa_indexer as ours
 from torch._dynamo.testing import CompileCounter
@@ -40,7 +40,7 @@ def test_pool_init_compiles_the_merged_gate_scaling(monkeypatch):
     x, _, _ = _inputs()
 
     with torch.compiler.set_stance("default"):
-        LoRAManager.init_memory_pool(manager)
+        _init_lora_pool(manager)
         compiled_at_startup = counter.frame_count
         _resident(manager.memory_pool, "adapter1", 1)
         with DynamicGradMode():  # the scheduler's event loop (Dynamo guards it)

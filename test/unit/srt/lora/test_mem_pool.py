@@ -17,6 +17,7 @@ from dsa_indexer_lora_cases import (
     TOKENS,
     _adapters,
     _indexer,
+    _init_lora_pool,
     _inputs,
     _lora_buffers,
     _lora_manager,
@@ -87,7 +88,7 @@ def test_lora_pool_init_reserves_the_merged_weights(
     manager = _lora_manager(layer)
 
     with caplog.at_level(logging.INFO, logger="sglang_graphfix"):
-        LoRAManager.init_memory_pool(manager)
+        _init_lora_pool(manager)
 
     logged = [r.getMessage() for r in caplog.records if "reserved" in r.getMessage()]
     if not reserved:
@@ -118,7 +119,7 @@ def test_unloading_an_adapter_drops_its_merged_weights(monkeypatch, caplog):
     _lora_server(monkeypatch)
     layer = _lora_weights_proj(_weights_proj(), requests=ONE_ADAPTER_REQUESTS)
     manager = _lora_manager(layer)
-    LoRAManager.init_memory_pool(manager)
+    _init_lora_pool(manager)
     pool = manager.memory_pool
     reservation = ours._RESERVED[layer].halves
     x, _, _ = _inputs()

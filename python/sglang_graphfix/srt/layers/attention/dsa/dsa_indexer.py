@@ -30,6 +30,7 @@ from sglang.srt.layers.attention.dsa.dsa_prefill_cuda_graph import (
 from sglang.srt.layers.attention.dsa.utils import is_graph_dsa_split_op_surface
 from sglang.srt.lora.backend.chunked_backend import ChunkedSgmvLoRABackend
 from sglang.srt.lora.backend.triton_backend import TritonLoRABackend
+from sglang.srt.lora.layers import BaseLayerWithLoRA
 from sglang.srt.model_executor.cuda_graph_config import Backend
 from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.context import (
     is_in_breakable_cuda_graph,
@@ -162,12 +163,15 @@ class MergedWeightsReservation(NamedTuple):
 
 def merged_gate_reachable(indexer) -> bool:
     """Whether lora_aware_head_gate can take the merged-weight path for this
-    indexer in this server: weights_proj LoRA on CUDA with sglang's csgmv or
+    indexer in this server: weights_proj wrapped for LoRA (as sglang's LoRA
+    manager does before it sets up its memory pool; weights_proj_has_lora
+    holds once the pool's buffers are set), on CUDA with sglang's csgmv or
     triton backend, the breakable prefill graph (whose split op calls the
     gate) and no --enable-deterministic-inference."""
     return (
         dsa_indexer._is_cuda
-        and bool(weights_proj_has_lora(indexer))
+        and not indexer.use_dsa_indexer_fusion
+        and isinstance(indexer.weights_proj, BaseLayerWithLoRA)
         and isinstance(
             indexer.weights_proj.lora_backend,
             (ChunkedSgmvLoRABackend, TritonLoRABackend),
