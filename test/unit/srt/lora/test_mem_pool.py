@@ -8,6 +8,7 @@ import logging
 import pytest
 import torch
 from dsa_indexer_lora_cases import (
+    FULL_GATE_CALLS,
     HIDDEN,
     MAX_LORAS,
     MERGED_GEMM_CALLS,
@@ -85,6 +86,7 @@ def test_lora_pool_init_reserves_the_merged_weights(
     unreserved = _one_adapter_gate(
         _lora_weights_proj(_weights_proj(), requests=ONE_ADAPTER_REQUESTS), x
     )
+    MERGED_GEMM_CALLS.clear()
     manager = _lora_manager(layer)
 
     with caplog.at_level(logging.INFO, logger="sglang_graphfix"):
@@ -105,10 +107,15 @@ def test_lora_pool_init_reserves_the_merged_weights(
     assert f"(1 layers x {MAX_LORAS} slots x {slot_mb:.2f} MB" in line
     assert "before the KV cache is sized. avail mem=" in line
 
+    # An adapter the pool does not hold (none in a server: its batch loads
+    # it first) has no slot to merge into: the whole-gate kernel serves it.
+    _one_adapter_gate(layer, x)
+    assert len(FULL_GATE_CALLS) == 1 and not MERGED_GEMM_CALLS
     _resident(manager.memory_pool, "adapter1", 1)
     gate = _one_adapter_gate(layer, x)
 
-    assert MERGED_GEMM_CALLS[-1].data_ptr() == halves[1].data_ptr()
+    (merged,) = MERGED_GEMM_CALLS
+    assert merged.data_ptr() == halves[1].data_ptr()
     assert torch.equal(gate, unreserved)
 
 
