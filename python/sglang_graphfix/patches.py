@@ -17,7 +17,7 @@ from sglang_graphfix.srt.arg_groups import cuda_graph_hook
 from sglang_graphfix.srt.layers.attention import hybrid_linear_attn_backend
 from sglang_graphfix.srt.layers.attention.dsa import dsa_indexer
 from sglang_graphfix.srt.layers.attention.linear import gdn_backend, kda_backend
-from sglang_graphfix.srt.lora import mem_pool
+from sglang_graphfix.srt.lora import lora_manager, mem_pool
 from sglang_graphfix.srt.model_executor.model_runner_components import weight_updater
 from sglang_graphfix.srt.model_executor.runner import prefill_cuda_graph_runner
 
@@ -54,6 +54,9 @@ PATCHES = (
     Patch(_ATTN + "dsa.dsa_indexer.Indexer._get_logits_head_gate", dsa_indexer.lora_aware_head_gate, HookType.AROUND),
     Patch(_ATTN + "dsa.dsa_indexer.Indexer.forward_cuda", dsa_indexer.lora_aware_split_op_dispatch, HookType.AROUND),
     Patch(_SRT + "lora.mem_pool.LoRAMemoryPool.load_lora_weight_to_buffer", mem_pool.drop_merged_gates_on_pool_load, HookType.AROUND),
+    Patch(_SRT + "lora.mem_pool.LoRAMemoryPool.init_buffers", mem_pool.reserve_merged_gates_with_lora_pool, HookType.AROUND),
+    Patch(_SRT + "lora.mem_pool.LoRAMemoryPool.remove_lora", mem_pool.drop_merged_gates_on_adapter_unload, HookType.AROUND),
+    Patch(_SRT + "lora.lora_manager.LoRAManager.init_memory_pool", lora_manager.compile_merged_gate_scaling_at_pool_init, HookType.AROUND),
     Patch(_SRT + "model_executor.model_runner_components.weight_updater._unsupported_derived_weight_cache_error", weight_updater.drop_merged_gates_on_weight_update, HookType.AROUND),
     Patch(_SRT + "model_executor.model_runner_components.weight_updater.WeightUpdater.end_weight_update", weight_updater.drop_merged_gates_after_weight_update_session, HookType.AROUND),
 )  # fmt: skip

@@ -21,10 +21,16 @@ Three engine starts:
             is the test probe in its upstream mode (it applies nothing and
             records, per engine process, that sglang-graphfix is absent): it
             must fail at startup with upstream's error.
+  memory:   the graph engine's arguments in a child process at sglang's
+            default log level (info), with torch's dynamo log on: the merged
+            gate's reservation is logged before the KV cache is sized, its
+            scaling kernel compiles at startup and not on the first request on
+            one adapter, and unloading that adapter drops its merged weights.
 """
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +39,8 @@ import time
 import pytest
 from dsa_model import (
     CONTEXT,
+    HIDDEN,
+    INDEX_N_HEADS,
     INDEX_TOPK,
     NUM_LAYERS,
     build_lora_adapter,
@@ -40,6 +48,7 @@ from dsa_model import (
     dsa_prompts,
 )
 from engine_utils import (
+    PROBE_DIR,
     PROBE_PATH,
     compare,
     probe_count,
@@ -160,19 +169,17 @@ engine.shutdown()
 """
 
 
-def _start_engine_without_graphfix(engine_kwargs: dict, timeout: int = 900) -> None:
-    """Start (and shut down) an engine in a child Python with BASELINE_ENV; raise
-    EngineStartupError with its output if it does not start. A child, because a
-    scheduler that fails at startup SIGQUITs its parent, whose handler kills
-    that process tree."""
-    env = {**os.environ, **ENV, **BASELINE_ENV}
+def _run_child(script: str, argv: list, env: dict, timeout: int = 900):
+    """Run ``script`` in a child Python with ``env`` (and the test probe on its
+    PYTHONPATH); (exit code, its output: stdout and stderr, the engine
+    processes' logs included). A child, because a scheduler that fails at
+    startup SIGQUITs its parent, whose handler kills that process tree."""
+    env = {**env}
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(PROBE_PATH), os.environ.get("PYTHONPATH")) if p
     )
-    env.pop("GRAPHFIX_PROBE_FAULT", None)
-    kwargs = {"skip_tokenizer_init": True, "log_level": "warning", **engine_kwargs}
     proc = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, json.dumps(kwargs)],
+        [sys.executable, "-c", script, *argv],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -190,8 +197,18 @@ def _start_engine_without_graphfix(engine_kwargs: dict, timeout: int = 900) -> N
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    if proc.returncode != 0 or "ENGINE_STARTED" not in output:
-        raise EngineStartupError(f"exit code {proc.returncode}:\n{output}")
+    return proc.returncode, output
+
+
+def _start_engine_without_graphfix(engine_kwargs: dict, timeout: int = 900) -> None:
+    """Start (and shut down) an engine in a child Python with BASELINE_ENV; raise
+    EngineStartupError with its output if it does not start."""
+    env = {**os.environ, **ENV, **BASELINE_ENV}
+    env.pop("GRAPHFIX_PROBE_FAULT", None)
+    kwargs = {"skip_tokenizer_init": True, "log_level": "warning", **engine_kwargs}
+    returncode, output = _run_child(_CHILD, [json.dumps(kwargs)], env, timeout)
+    if returncode != 0 or "ENGINE_STARTED" not in output:
+        raise EngineStartupError(f"exit code {returncode}:\n{output}")
 
 
 def _counts(batch_result, counter=COUNTER):
@@ -479,3 +496,137 @@ def test_graph_split_op_applies_the_lora_head_gate(graph_run, eager_run):
     # One call per layer for each prefill forward replayed from the graph.
     assert graph_calls >= NUM_LAYERS and graph_calls % NUM_LAYERS == 0, graph_calls
     assert eager_calls == 0, eager_calls
+
+
+# The memory run's child: the engine at sglang's default log level, one
+# request on "wp" twice (every request on one adapter: the merged weight),
+# "wp" unloaded, one request on "full". Markers between the steps, with the
+# probe's counters, order the engine processes' log lines around them.
+_MEMORY_CHILD = """
+import json, os, sys, time
+import sglang
+
+def mark(name, **extra):
+    counts = {p: os.path.getsize(os.path.join(os.environ["GRAPHFIX_PROBE_DIR"], p))
+              for p in os.listdir(os.environ["GRAPHFIX_PROBE_DIR"])}
+    print("GRAPHFIX_MARK", name, json.dumps({"counts": counts, **extra}), flush=True)
+
+engine = sglang.Engine(**json.loads(sys.argv[1]))
+prompt = json.loads(sys.argv[2])
+mark("started")
+for step, lora in (("first_wp", "wp"), ("second_wp", "wp")):
+    start = time.perf_counter()
+    engine.generate(input_ids=[prompt], lora_path=[lora],
+                    sampling_params={"temperature": 0.0, "max_new_tokens": 1})
+    mark(step, seconds=time.perf_counter() - start)
+result = engine.unload_lora_adapter("wp")
+mark("unloaded", success=bool(getattr(result, "success", True)))
+engine.generate(input_ids=[prompt], lora_path=["full"],
+                sampling_params={"temperature": 0.0, "max_new_tokens": 1})
+mark("full")
+engine.shutdown()
+"""
+RESERVED_LINE = re.compile(
+    r"sglang-graphfix: reserved ([0-9.]+) MB with the LoRA memory pool for the "
+    r"DSA indexer's merged weights_proj \((\d+) layers x (\d+) slots x ([0-9.]+) MB"
+)
+DROPPED_LINE = re.compile(
+    r"sglang-graphfix: dropped the merged DSA indexer weights_proj of unloaded "
+    r"LoRA adapter (\S+) \((\d+) layers\)"
+)
+COMPILE_LINE = "torchdynamo start tracing scale_merged_head_gates"
+# sglang's own lines once the KV cache is sized (pre-capture, or post-capture
+# sizing): the reservation must come before the first.
+KV_SIZED = ("Memory pool end", "KV Cache is allocated", "Post-capture KV sizing")
+
+
+def _first(lines, predicate):
+    return next((i for i, line in enumerate(lines) if predicate(line)), None)
+
+
+def test_merged_gate_memory_is_reserved_at_startup_and_dropped_on_unload(dsa_paths):
+    """The merged gate's memory in sglang's startup memory log: the reservation
+    line (its size: NUM_LAYERS layers x --max-loras-per-batch slots x two
+    bf16 (N, K) halves) before sglang sizes the KV cache. Its scaling kernel
+    compiles during startup (dynamo traces it before the engine is up, never
+    after). Unloading the adapter the requests ran on drops its merged
+    weights in every layer; the other adapter is still served on one merged
+    weight per layer."""
+    model, adapters = dsa_paths
+    kwargs = {
+        "skip_tokenizer_init": True,
+        **_engine_kwargs(model, adapters, _graph_prefill()),
+        "log_level": "info",
+    }
+    env = {**os.environ, **ENV, "TORCH_LOGS": "dynamo"}
+    env.pop("GRAPHFIX_PROBE_FAULT", None)
+    env.pop("GRAPHFIX_PROBE_UPSTREAM", None)
+    env.pop("SGLANG_PLUGINS", None)  # every plugin: sglang-graphfix and the probe
+    env["GRAPHFIX_PROBE_DIR"] = str(PROBE_DIR)
+    returncode, output = _run_child(
+        _MEMORY_CHILD, [json.dumps(kwargs), json.dumps(PROMPTS[0])], env
+    )
+    lines = output.splitlines()
+    marks = {}
+    for i, line in enumerate(lines):
+        if line.startswith("GRAPHFIX_MARK "):
+            _, name, payload = line.split(" ", 2)
+            marks[name] = {"line": i, **json.loads(payload)}
+    reserved_at = _first(lines, RESERVED_LINE.search)
+    kv_sized_at = _first(lines, lambda line: any(k in line for k in KV_SIZED))
+    compiles = [i for i, line in enumerate(lines) if COMPILE_LINE in line]
+    dropped = [(i, m.groups()) for i, m in enumerate(map(DROPPED_LINE.search, lines)) if m]
+    slot_mb = 2 * INDEX_N_HEADS * HIDDEN * 2 / (1 << 20)  # two bf16 (N, K) halves
+    reserved = RESERVED_LINE.search(lines[reserved_at]) if reserved_at is not None else None
+
+    def merged(after, before):
+        key = "dsa_lora_merged"
+        return marks[after]["counts"].get(key, 0) - marks[before]["counts"].get(key, 0)
+
+    steps = ("started", "first_wp", "second_wp", "unloaded", "full")
+    write_result(
+        "dsa_lora_merged_gate_memory",
+        {
+            "returncode": returncode,
+            "marks": marks,
+            "reserved_line": lines[reserved_at] if reserved_at is not None else None,
+            "reserved_before_kv_sizing": (
+                reserved_at is not None
+                and kv_sized_at is not None
+                and reserved_at < kv_sized_at
+            ),
+            "kv_sized_line": lines[kv_sized_at] if kv_sized_at is not None else None,
+            "expected_slot_mb": slot_mb,
+            "scale_compiles_at_lines": compiles,
+            "dropped_lines": [lines[i] for i, _ in dropped],
+            "seconds": {
+                s: marks[s].get("seconds") for s in ("first_wp", "second_wp") if s in marks
+            },
+            "output_tail": output[-3000:],
+        },
+    )
+    # Every step ran (the exit code, after shutdown, is only recorded).
+    assert all(s in marks for s in steps), output[-3000:]
+    assert marks["unloaded"]["success"], marks["unloaded"]
+    # Startup memory log: the reservation, its size, before the KV cache.
+    assert reserved is not None, "no reservation line at log level info"
+    assert kv_sized_at is not None and reserved_at < kv_sized_at, (
+        lines[reserved_at], kv_sized_at and lines[kv_sized_at]
+    )
+    total_mb, layers, slots, per_slot_mb = reserved.groups()
+    assert (int(layers), int(slots)) == (NUM_LAYERS, 3), reserved.group(0)
+    assert abs(float(per_slot_mb) - slot_mb) < 0.01, (per_slot_mb, slot_mb)
+    assert abs(float(total_mb) - NUM_LAYERS * 3 * slot_mb) < 0.01, total_mb
+    # The scaling kernel: traced during startup, not on a request.
+    started = marks["started"]["line"]
+    assert compiles and all(i < started for i in compiles), (compiles, started)
+    # Both "wp" requests took the merged weight (built once, then cached).
+    assert merged("first_wp", "started") >= NUM_LAYERS, marks
+    assert merged("second_wp", "first_wp") >= NUM_LAYERS, marks
+    # The unload dropped "wp"'s merged weights in every layer, and only then.
+    assert len(dropped) == 1, dropped
+    (at, (_, dropped_layers)), = dropped
+    assert marks["second_wp"]["line"] < at < marks["unloaded"]["line"], at
+    assert int(dropped_layers) == NUM_LAYERS, dropped
+    # The other adapter still merges into the reservation after the unload.
+    assert merged("full", "unloaded") >= NUM_LAYERS, marks

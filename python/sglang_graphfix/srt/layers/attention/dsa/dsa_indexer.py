@@ -14,6 +14,7 @@ the flag that avoids it.
 from __future__ import annotations
 
 import weakref
+from typing import NamedTuple
 
 import torch
 from sglang_graphfix_kernel.lora_head_gate import (
@@ -29,6 +30,8 @@ from sglang.srt.layers.attention.dsa.dsa_prefill_cuda_graph import (
 from sglang.srt.layers.attention.dsa.utils import is_graph_dsa_split_op_surface
 from sglang.srt.lora.backend.chunked_backend import ChunkedSgmvLoRABackend
 from sglang.srt.lora.backend.triton_backend import TritonLoRABackend
+from sglang.srt.lora.layers import BaseLayerWithLoRA
+from sglang.srt.model_executor.cuda_graph_config import Backend
 from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.context import (
     is_in_breakable_cuda_graph,
 )
@@ -37,6 +40,7 @@ from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph impo
     is_in_tc_piecewise_cuda_graph,
 )
 from sglang.srt.runtime_context import get_context, get_exec
+from sglang.srt.utils.common import DynamicGradMode
 
 _LORA = "DSA indexer LoRA on indexer.weights_proj"
 _DROP = "or drop weights_proj from --lora-target-modules."
@@ -142,46 +146,172 @@ def bf16_gemm_fp32_out(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.mm(x, weight.t(), out_dtype=torch.float32)
 
 
+# weights_proj layer -> {adapter id: its merged weight}.
 _MERGED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# weights_proj layer -> MergedWeightsReservation, made with the LoRA memory pool.
+_RESERVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def merged_weights_proj(layer, lora_id: str, batch_info) -> torch.Tensor:
+class MergedWeightsReservation(NamedTuple):
+    """One weights_proj's storage for merged weights, allocated with sglang's
+    LoRA memory pool (reserve_merged_weights_proj): one (2N, K) pair of
+    halves per pool slot, so sglang sizes the KV cache after it."""
+
+    halves: torch.Tensor  # (pool slots, 2N, K), in W's dtype
+    pool: weakref.ref  # the LoRAMemoryPool: adapter id -> slot
+
+
+def merged_gate_reachable(indexer) -> bool:
+    """Whether lora_aware_head_gate can take the merged-weight path for this
+    indexer in this server: weights_proj wrapped for LoRA (as sglang's LoRA
+    manager does before it sets up its memory pool; weights_proj_has_lora
+    holds once the pool's buffers are set), on CUDA with sglang's csgmv or
+    triton backend, the breakable prefill graph (whose split op calls the
+    gate) and no --enable-deterministic-inference."""
+    return (
+        dsa_indexer._is_cuda
+        and not indexer.use_dsa_indexer_fusion
+        and isinstance(indexer.weights_proj, BaseLayerWithLoRA)
+        and isinstance(
+            indexer.weights_proj.lora_backend,
+            (ChunkedSgmvLoRABackend, TritonLoRABackend),
+        )
+        and breakable_prefill_graph()
+        and not deterministic_inference()
+    )
+
+
+def reserve_merged_weights_proj(pool, model) -> list:
+    """Allocate, for every indexer of ``model`` whose gate can take the merged
+    path, one merged weight per slot of the LoRA memory pool ``pool``; the
+    reservations made (empty when no indexer needs one)."""
+    reserved = []
+    for module in model.modules():
+        if isinstance(module, dsa_indexer.Indexer) and merged_gate_reachable(module):
+            weight = module.weights_proj.weight
+            halves = torch.empty(
+                (pool.max_loras_per_batch, 2 * weight.shape[0], weight.shape[1]),
+                dtype=weight.dtype,
+                device=weight.device,
+            )
+            reservation = MergedWeightsReservation(halves, weakref.ref(pool))
+            _RESERVED[module.weights_proj] = reservation
+            reserved.append(reservation)
+    return reserved
+
+
+def merged_weights_proj(layer, lora_id: str, batch_info) -> torch.Tensor | None:
     """weights_proj with adapter ``lora_id`` (the batch's only one) merged in:
     W + s·B·A in fp32, as two stacked halves in W's dtype, (2N, K), whose sum
     holds it to about 16 bits (W in bf16, as DeepSeek-V3.2's). A single bf16
     weight (8 bits) would err by 17% of the move of an adapter that moves the
     gate by 1%, by 48% at 0.3% (benchmark/merged_gate_precision.py).
 
-    Built from the adapter's pool slot, read on the device (the first
-    request's: lora_ids and the batch info's requests share the batch's
-    order), so without a host sync. Cached per layer and adapter until
-    drop_merged_weights_proj: at most one per pool slot."""
+    Built from the adapter's pool slot, without a host sync, into the
+    layer's reservation (reserve_merged_weights_proj) at that slot; None when
+    the pool does not hold the adapter. Without a reservation (no LoRA memory
+    pool: the gate driven directly, as the benchmarks do) the slot is read on
+    the device (the first request's: lora_ids and the batch info's requests
+    share the batch's order) and the weight allocated. Cached per layer and
+    adapter until drop_merged_weights_proj or
+    drop_adapter_merged_weights_proj."""
     merged = _MERGED.setdefault(layer, {})
     halves = merged.get(lora_id)
-    if halves is None:
-        slot = request_segments(batch_info)[1][:1]
-        a = layer.lora_a.index_select(0, slot)[0].float()  # (max rank, K)
-        b = layer.lora_b.index_select(0, slot)[0].float()  # (N, max rank)
-        # A pool slot holds its adapter's rank; past it, whatever was there.
-        in_rank = torch.arange(b.shape[1], device=b.device) < (
-            batch_info.lora_ranks.index_select(0, slot)
-        )
-        a = torch.where(in_rank[:, None], a, 0.0)
-        b = torch.where(in_rank[None, :], b, 0.0)
-        scaling = batch_info.scalings.index_select(0, slot)
-        weight = layer.weight.float() + scaling * (b @ a)
-        high = weight.to(layer.weight.dtype)
-        low = (weight - high.float()).to(layer.weight.dtype)
-        halves = merged[lora_id] = torch.cat([high, low])
+    if halves is not None:
+        return halves
+    reserved = _RESERVED.get(layer)
+    if reserved is None:
+        slot, out = request_segments(batch_info)[1][:1], None
+    else:
+        pool = reserved.pool()
+        slot = None if pool is None else pool.uid_to_buffer_id.get(lora_id)
+        if slot is None:
+            return None
+        out = reserved.halves[slot]
+    halves = merged[lora_id] = _merge(layer, slot, batch_info, out)
     return halves
+
+
+def _merge(layer, slot, batch_info, out) -> torch.Tensor:
+    """The two halves of W + s·B·A for pool ``slot`` (an int, or a one-element
+    index tensor on the device), into ``out`` (allocated when None)."""
+
+    def at_slot(t):
+        return t[slot] if isinstance(slot, int) else t.index_select(0, slot)[0]
+
+    a = at_slot(layer.lora_a).float()  # (max rank, K)
+    b = at_slot(layer.lora_b).float()  # (N, max rank)
+    # A pool slot holds its adapter's rank; past it, whatever was there.
+    in_rank = torch.arange(b.shape[1], device=b.device) < at_slot(
+        batch_info.lora_ranks
+    )
+    a = torch.where(in_rank[:, None], a, 0.0)
+    b = torch.where(in_rank[None, :], b, 0.0)
+    weight = layer.weight.float() + at_slot(batch_info.scalings) * (b @ a)
+    high = weight.to(layer.weight.dtype)
+    low = (weight - high.float()).to(layer.weight.dtype)
+    return torch.cat([high, low], out=out)
 
 
 def drop_merged_weights_proj() -> None:
     """Forget every merged weights_proj: the LoRA memory pool is loading an
     adapter (it may rewrite a slot one came from; an adapter id can come back
     with other weights) or an online weight update (or update session)
-    rewrites W."""
+    rewrites W. Reservations stay allocated for the next merge."""
     _MERGED.clear()
+
+
+def drop_adapter_merged_weights_proj(lora_id: str) -> int:
+    """Forget adapter ``lora_id``'s merged weights_proj (it is unloaded); how
+    many layers held one. Reservations stay allocated for the next merge."""
+    return sum(merged.pop(lora_id, None) is not None for merged in _MERGED.values())
+
+
+def warm_up_merged_gate_scaling(model) -> int:
+    """Compile scale_merged_head_gates (torch.compile, Inductor) for every
+    indexer of ``model`` with a merged-weight reservation, as the gate calls
+    it: its dtypes, constants, device and grad mode (the scheduler's
+    DynamicGradMode; Dynamo guards on it), tokens dynamic (4096 as a size
+    hint, a typical prefill bucket); how many distinct compilations ran.
+    Outside stream capture, before any request."""
+    seen = set()
+    for module in model.modules():
+        if not (
+            isinstance(module, dsa_indexer.Indexer)
+            and module.weights_proj in _RESERVED
+        ):
+            continue
+        device = module.weights_proj.weight.device
+        key = (module.n_heads, module.softmax_scale, module.head_dim, device)
+        if key in seen:
+            continue
+        seen.add(key)
+        with DynamicGradMode():
+            tokens = 4096
+            logits = torch.zeros(
+                (tokens, 2 * module.n_heads), dtype=torch.float32, device=device
+            )
+            # act_quant's scales of the indexer query: one per head and block.
+            q_scale = torch.ones(
+                (tokens, module.n_heads, module.head_dim // module.block_size),
+                dtype=torch.float32,
+                device=device,
+            )
+            scale_merged_head_gates(
+                logits, q_scale, module.n_heads, module.softmax_scale
+            )
+    return len(seen)
+
+
+def breakable_prefill_graph() -> bool:
+    """The prefill CUDA graph backend is breakable (sglang's default on CUDA;
+    read as upstream's resolve_prefill_backend does); False where no server
+    config is published."""
+    if not get_context().is_config_namespace_published("exec"):
+        return False
+    config = get_exec().graph.cuda_graph_config
+    backend = config.prefill.backend if config is not None else Backend.BREAKABLE
+    return backend == Backend.BREAKABLE
 
 
 def deterministic_inference() -> bool:
@@ -233,7 +363,8 @@ def capturing() -> bool:
 # How:     Batches without an adapter run upstream's gate unchanged. One
 #          adapter for all (fused_gate_lora_ids, not under stream capture: the
 #          merged weight would be baked in): upstream's GEMM on the merged
-#          weight's two halves, added inside the scaling
+#          weight's two halves (built into the LoRA pool's reservation, see
+#          lora/mem_pool.py), added inside the scaling
 #          (scale_merged_head_gates). Otherwise
 #          lora_head_gate_logits (several: one launch for base + delta; a
 #          request without one: the base GEMM + one fused delta launch), then
@@ -253,9 +384,10 @@ def lora_aware_head_gate(original, self, x, q_scale):
     if lora_ids and len(set(lora_ids)) == 1 and not capturing():
         batch_info = layer.lora_backend.get_batch_info()
         halves = merged_weights_proj(layer, lora_ids[0], batch_info)
-        return scale_merged_head_gates(
-            bf16_gemm_fp32_out(x, halves), q_scale, self.n_heads, self.softmax_scale
-        )
+        if halves is not None:
+            return scale_merged_head_gates(
+                bf16_gemm_fp32_out(x, halves), q_scale, self.n_heads, self.softmax_scale
+            )
     return self._scale_head_gates(lora_head_gate_logits(self, x, lora_ids), q_scale)
 
 
