@@ -292,17 +292,19 @@ def main() -> None:
         "provenance": provenance(),
         "model": args.model,
         "config": json.loads((model_dir / "config.json").read_text()),
+        "environment": {k: v for k, v in os.environ.items() if k.startswith("SGLANG")},
         "workloads": {w: WORKLOADS[w] for w in args.workloads},
         "modes": {},
     }
-    for mode in args.modes:
-        report["modes"][mode] = run_mode(model_dir, mode, args, log_dir)
     path = (
         Path(args.output)
         if args.output
         else (out or ROOT / "benchmark" / "results") / RESULT
     )
-    path.write_text(json.dumps(report, indent=1, default=str))
+    for mode in args.modes:
+        report["modes"][mode] = run_mode(model_dir, mode, args, log_dir)
+        # After every mode: a run cut short keeps what it measured.
+        path.write_text(json.dumps(report, indent=1, default=str))
     print("wrote", path)
 
 
