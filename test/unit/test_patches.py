@@ -79,4 +79,6 @@ def test_sglang_plugin_loader_runs_the_entry_point(monkeypatch, caplog):
         sglang_plugins.load_plugins()
     assert "Executed general plugin: graphfix" in caplog.text
     assert "Failed" not in caplog.text
-    assert hasattr(cuda_graph_hook.validate_cuda_graph_config, "__wrapped__")
+    assert hasattr(
+        cuda_graph_hook.finalize_cuda_graph_prefill_max_context, "__wrapped__"
+    )

@@ -21,6 +21,7 @@ from sglang.srt.model_executor.cuda_graph_config import Backend
 from sglang.srt.server_args import ServerArgs
 from sglang_graphfix.cli import simulated_gpu
 from sglang_graphfix.patches import PATCHES
+from sglang_graphfix.srt import full_prefill_graph_capability as capability
 from sglang_graphfix.srt.arg_groups import cuda_graph_hook as ours
 
 OURS = "sglang_graphfix.srt.arg_groups.cuda_graph_hook"
@@ -76,7 +77,7 @@ def test_family_matches_the_backend_sglang_builds(model_dirs, family):
     args = ServerArgs(model_path=model_dirs[family])
     model_config = model_config_of(args)
     assert model_config.hf_config.architectures == [FAMILIES[family][1]]
-    assert ours.linear_attention_family(model_config) == FAMILIES[family][2]
+    assert capability.family_label(model_config) == FAMILIES[family][2]
 
 
 # ---- the matrix: family x how the full graph is asked for x attention backend ----
@@ -90,6 +91,10 @@ def test_explicit_full(model_dirs, family, attention, caplog):
     kwargs = dict(
         attention_backend=attention, cuda_graph_config={"prefill": {"backend": "full"}}
     )
+    if (family, attention) in SGLANG_REFUSES:  # before the prefill graph is judged
+        with pytest.raises(AssertionError, match=SGLANG_REFUSES[family, attention]):
+            resolve(model_dirs, family, **kwargs)
+        return
     if full_captures(family, attention):
         args = resolve(model_dirs, family, **kwargs)
         assert prefill_backend(args) == Backend.FULL
@@ -267,7 +272,7 @@ def test_model_default_full_with_a_non_triton_linear_prefill_kernel(model_dirs, 
 
 
 def test_kda_switch_rejects_kda_again(model_dirs, monkeypatch):
-    monkeypatch.setattr(ours, "KDA_FULL_PREFILL_GRAPH", False)
+    monkeypatch.setattr(capability, "KDA_FULL_PREFILL_GRAPH", False)
     with pytest.raises(
         ValueError, match="KDA linear attention has no capturable extend"
     ):
@@ -283,8 +288,8 @@ def test_kda_switch_rejects_kda_again(model_dirs, monkeypatch):
 def test_unlocked_full_default_goes_through_the_cascade(
     model_dirs, family, expected, caplog
 ):
-    """A future sglang whose own default prefill graph is full: not locked, so
-    upstream's cascade calls disable_full_prefill_cudagraph_if_incompatible."""
+    """A future sglang whose own default prefill graph is full (not locked, not
+    the user's): judged on the final settings like a model default."""
     with (
         mock.patch(
             "sglang.srt.model_executor.cuda_graph_config.default_prefill_backend",
@@ -296,31 +301,6 @@ def test_unlocked_full_default_goes_through_the_cascade(
     assert prefill_backend(args) == expected
     assert len(our_warnings(caplog)) == (expected != "full")
     assert ("selected automatically" in caplog.text) == (expected != "full")
-
-
-def test_breakable_rule_known_to_work_warns_instead(model_dirs, monkeypatch, caplog):
-    monkeypatch.setattr(
-        ours, "BREAKABLE_RULES_KNOWN_TO_WORK", ("KDA hybrid linear attention",)
-    )
-    with caplog.at_level(logging.WARNING):
-        args = resolve(
-            model_dirs, "kimi_linear", cuda_graph_backend_prefill="breakable"
-        )
-    assert prefill_backend(args) == Backend.BREAKABLE
-    (warning,) = our_warnings(caplog)
-    assert (
-        "as requested" in warning and "--cuda-graph-backend-prefill disabled" in warning
-    )
-
-
-def test_two_batch_overlap_explicit_breakable_is_refused(model_dirs):
-    with pytest.raises(ValueError, match="two-batch overlap"):
-        resolve(
-            model_dirs,
-            "llama",
-            cuda_graph_backend_prefill="breakable",
-            enable_two_batch_overlap=True,
-        )
 
 
 @pytest.mark.parametrize(

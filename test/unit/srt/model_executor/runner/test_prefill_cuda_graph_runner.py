@@ -63,7 +63,7 @@ def runtime(monkeypatch):
         ours, "get_spec", lambda: SimpleNamespace(speculative_num_draft_tokens=None)
     )
     monkeypatch.setattr(
-        "sglang_graphfix.srt.layers.attention.linear.gdn_backend.get_memory",
+        "sglang_graphfix.srt.full_prefill_graph_capability.get_memory",
         lambda: SimpleNamespace(enable_page_major_kv_layout=False),
     )
     return config
@@ -158,20 +158,18 @@ def test_decode_replay_finds_state_after_the_prefill_capture():
     assert linear._replay_metadata(2, *args).mamba_cache_indices.tolist() == [5, 9]
 
 
-BREAKABLE = "--cuda-graph-backend-prefill breakable"
-# sglang's own rules keep the breakable prefill graph off for KDA (but GLM-5.3 Flash).
 DISABLED = "--cuda-graph-backend-prefill disabled"
 
 
 @pytest.mark.parametrize(
-    "linear, flag, instead",
+    "linear, flag",
     [
-        (Mamba2AttnBackend.__new__(Mamba2AttnBackend), BREAKABLE, BREAKABLE),
-        (make_kda(extend_kernel=object()), "--linear-attn-prefill-backend triton", DISABLED),
-        (make_gdn(extend_kernel=object()), "--linear-attn-prefill-backend triton", BREAKABLE),
+        (Mamba2AttnBackend.__new__(Mamba2AttnBackend), "has no capturable extend"),
+        (make_kda(extend_kernel=object()), "--linear-attn-prefill-backend triton"),
+        (make_gdn(extend_kernel=object()), "--linear-attn-prefill-backend triton"),
     ],
 )  # fmt: skip
-def test_uncapturable_linear_extend_fails_before_capture(linear, flag, instead):
+def test_uncapturable_linear_extend_fails_before_capture(linear, flag):
     linear = with_graph_lists(linear)
     called = []
     with pytest.raises(ValueError, match=flag) as err:
@@ -179,11 +177,14 @@ def test_uncapturable_linear_extend_fails_before_capture(linear, flag, instead):
             lambda self: called.append(self), _runner(linear)
         )
     assert called == [] and linear.state_indices_list == []
-    assert instead in str(err.value)
+    assert DISABLED in str(err.value)
 
 
 def test_mamba2_error_names_the_backend():
-    with pytest.raises(ValueError, match="cannot capture the Mamba2AttnBackend extend"):
+    with pytest.raises(
+        ValueError,
+        match=r"cannot capture this Mamba2/short-conv extend \(Mamba2AttnBackend\)",
+    ):
         _capture(
             _runner(with_graph_lists(Mamba2AttnBackend.__new__(Mamba2AttnBackend)))
         )

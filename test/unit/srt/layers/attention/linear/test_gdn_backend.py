@@ -34,6 +34,7 @@ from sglang.kernels.ops.mamba.kda_prefill_track import (
 )
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase
 from sglang.srt.model_executor.runner_utils.prefill_graph import prefill_graph_scope
+from sglang_graphfix.srt import full_prefill_graph_capability as capability
 from sglang_graphfix.srt.layers.attention.linear import gdn_backend as ours
 from sglang_graphfix.srt.layers.attention.linear.gdn_prefill_graph import (
     chunk_state_rows,
@@ -133,7 +134,7 @@ def test_uncapturable_gdn_extend_fails_at_capture(
     monkeypatch, backend_kwargs, page_major, flag
 ):
     monkeypatch.setattr(
-        ours,
+        capability,
         "get_memory",
         lambda: SimpleNamespace(enable_page_major_kv_layout=page_major),
     )
@@ -141,7 +142,7 @@ def test_uncapturable_gdn_extend_fails_at_capture(
         ours.prepare_full_prefill_graph_tables(
             make_gdn(**backend_kwargs), capture_view(), in_capture=True
         )
-    assert "--cuda-graph-backend-prefill breakable" in str(err.value)
+    assert "--cuda-graph-backend-prefill disabled" in str(err.value)
 
 
 def _layer_cache_backend():
