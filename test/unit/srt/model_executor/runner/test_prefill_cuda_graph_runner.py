@@ -3,13 +3,13 @@ full prefill graph captures, the linear backends are checked and their
 CUDA-graph state is allocated once (sized for the decode runner too, without
 the full-attention child); the decode runner's later call keeps it."""
 
+import contextlib
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
     HybridLinearAttnBackend,
     Mamba2AttnBackend,
@@ -86,14 +86,17 @@ def _runner(linear, *, full_backend=True, draft=False):
     return runner
 
 
-def _capture(runner):
-    """Run the hook with a stand-in for upstream's capture that records what it
-    found allocated."""
+def _capture(runner, record=None):
+    """sglang's PrefillCudaGraphRunner.capture (as patched) on the runner, with its
+    CUDA-only body (_capture: warm-up and graph capture) replaced by a stand-in
+    that records what it found allocated."""
     seen = []
     linear = runner.model_runner.attn_backend.linear_attn_backend
-    ours.prepare_linear_attention_for_full_prefill_capture(
-        lambda self: seen.append(len(getattr(linear, "state_indices_list", []))), runner
+    runner.model_context = contextlib.nullcontext
+    runner._capture = record or (
+        lambda: seen.append(len(getattr(linear, "state_indices_list", [])))
     )
+    PrefillCudaGraphRunner.capture(runner)
     return seen
 
 
@@ -173,9 +176,7 @@ def test_uncapturable_linear_extend_fails_before_capture(linear, flag):
     linear = with_graph_lists(linear)
     called = []
     with pytest.raises(ValueError, match=flag) as err:
-        ours.prepare_linear_attention_for_full_prefill_capture(
-            lambda self: called.append(self), _runner(linear)
-        )
+        _capture(_runner(linear), record=lambda: called.append(True))
     assert called == [] and linear.state_indices_list == []
     assert DISABLED in str(err.value)
 
