@@ -13,7 +13,7 @@ from tiny_configs import FAMILIES, write_config
 from sglang.srt.arg_groups.overrides import model_config_of
 from sglang.srt.server_args import ServerArgs
 from sglang_graphfix import cli
-from sglang_graphfix.srt.arg_groups.cuda_graph_hook import linear_attention_family
+from sglang_graphfix.srt.full_prefill_graph_capability import family_label
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = [
@@ -97,7 +97,7 @@ def test_sample_configs_are_the_tiny_configs(family):
         FAMILIES[family][1]
     ]
     model_config = model_config_of(ServerArgs(model_path=str(sample)))
-    assert linear_attention_family(model_config) == FAMILIES[family][2]
+    assert family_label(model_config) == FAMILIES[family][2]
     assert cli.samples() == sorted(f.replace("_", "-") for f in FAMILIES)
 
 

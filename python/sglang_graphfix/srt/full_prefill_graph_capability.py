@@ -245,8 +245,8 @@ _TRITON_FAILURE = (
 
 def attention_backend_runs(backend: str, *, mla: bool, sm: int) -> bool:
     """Whether sglang builds this attention backend on this GPU at all: its fa3
-    factory (attention_registry.create_flashattention_v3_backend) asserts SM8x
-    for MHA models and SM90 for MLA models. sm 0 (unknown): assumed."""
+    factory (attention_registry.create_flashattention_v3_backend) asserts SM9x,
+    or SM8x for a model without MLA. sm 0 (unknown): assumed."""
     if backend != "fa3" or not sm:
         return True
     return sm // 10 == 9 or (sm // 10 == 8 and not mla)
