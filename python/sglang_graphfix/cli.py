@@ -430,10 +430,10 @@ def upstream_full_prefill_graph_failure(server_args) -> Optional[str]:
         use_mla_backend,
     )
     from sglang.srt.model_executor.cuda_graph_config import Backend
-    from sglang_graphfix.srt.arg_groups.cuda_graph_hook import (
+    from sglang_graphfix.srt.full_prefill_graph_capability import (
         FULL_PREFILL_ATTENTION_BACKENDS,
         FULL_PREFILL_MLA_ATTENTION_BACKENDS,
-        linear_attention_family,
+        family_label,
     )
 
     if _graph_backends(server_args)[0] != Backend.FULL:
@@ -453,7 +453,7 @@ def upstream_full_prefill_graph_failure(server_args) -> Optional[str]:
             "no extend for a full prefill graph"
         )
         return f"crashes at prefill graph capture: {detail}"
-    family = linear_attention_family(model_config_of(server_args))
+    family = family_label(model_config_of(server_args))
     if family not in (None, "Inkling short-conv"):
         return (
             "crashes at prefill graph capture: IndexError: list index out of range "
@@ -596,7 +596,7 @@ def graphfix_outcome(plan: Plan) -> Outcome:
     """What sglang 0.5.23 does with sglang-graphfix: its resolution decides the
     full prefill graph (refusing or downgrading what cannot capture), so only
     the DSA indexer LoRA paths it does not cover fail later."""
-    from sglang_graphfix.srt.arg_groups.cuda_graph_hook import (
+    from sglang_graphfix.srt.full_prefill_graph_capability import (
         full_prefill_graph_support,
     )
     from sglang.srt.model_executor.cuda_graph_config import Backend
@@ -660,7 +660,7 @@ def render(
         resolved_view,
         resolving_view,
     )
-    from sglang_graphfix.srt.arg_groups.cuda_graph_hook import (
+    from sglang_graphfix.srt.full_prefill_graph_capability import (
         full_prefill_graph_support,
     )
 

@@ -36,10 +36,7 @@ _ATTN = _SRT + "layers.attention."
 
 PATCHES = (
     # Hybrid linear attention under a full prefill CUDA graph.
-    Patch(_ARGS + "disable_full_prefill_cudagraph_if_incompatible", cuda_graph_hook.downgrade_unsupported_full_prefill_graph, HookType.AROUND),
-    Patch(_ARGS + "apply_cuda_graph_compatibility", cuda_graph_hook.full_prefill_rules_for_model_defaults, HookType.AROUND),
-    Patch(_ARGS + "validate_cuda_graph_config", cuda_graph_hook.reject_explicit_prefill_graph_it_cannot_run, HookType.AROUND),
-    Patch(_ARGS + "disable_prefill_cuda_graph_for_deepseek_trtllm_mla", cuda_graph_hook.recheck_full_prefill_graph_on_resolved_attention, HookType.AROUND),
+    Patch(_ARGS + "finalize_cuda_graph_prefill_max_context", cuda_graph_hook.judge_prefill_graph_on_final_settings, HookType.AROUND),
     Patch(_ATTN + "hybrid_linear_attn_backend.HybridLinearAttnBackend.init_forward_metadata_out_graph", hybrid_linear_attn_backend.linear_extend_tables_for_full_prefill_graph, HookType.AROUND),
     Patch(_ATTN + "linear.gdn_backend.GDNAttnBackend.forward_extend", gdn_backend.gdn_extend_on_full_graph_tables, HookType.AROUND),
     Patch(_ATTN + "linear.gdn_backend.flashinfer_gdn_prefill_default", gdn_backend.keep_triton_gdn_prefill_for_full_graph, HookType.AROUND),

@@ -16,7 +16,7 @@ from sglang.srt.arg_groups.overrides import model_config_of
 from sglang.srt.server_args import ServerArgs
 import sglang_graphfix
 from sglang_graphfix import cli
-from sglang_graphfix.srt.arg_groups.cuda_graph_hook import linear_attention_family
+from sglang_graphfix.srt.full_prefill_graph_capability import family_label
 
 ROOT = Path(__file__).resolve().parents[2]
 # The README's demos: the full prefill graph on a hybrid linear-attention model,
@@ -237,7 +237,7 @@ def test_sample_configs_are_the_tiny_configs(family):
         FAMILIES[family][1]
     ]
     model_config = model_config_of(ServerArgs(model_path=str(sample)))
-    assert linear_attention_family(model_config) == FAMILIES[family][2]
+    assert family_label(model_config) == FAMILIES[family][2]
     assert cli.samples() == sorted(
         [f.replace("_", "-") for f in FAMILIES] + ["deepseek-v3.2"]
     )

@@ -4,11 +4,10 @@ pipeline on real ModelConfigs, with only the hardware probes answered as on an
 H200 (or an A100) by ``sglang_graphfix.cli.simulated_gpu``."""
 
 import logging
+import pkgutil
 from unittest import mock
 
 import pytest
-from tiny_configs import FAMILIES, write_config
-
 from sglang.srt.arg_groups import cuda_graph_hook as upstream
 from sglang.srt.arg_groups.overrides import (
     attention_backends_of,
@@ -21,7 +20,9 @@ from sglang.srt.model_executor.cuda_graph_config import Backend
 from sglang.srt.server_args import ServerArgs
 from sglang_graphfix.cli import simulated_gpu
 from sglang_graphfix.patches import PATCHES
+from sglang_graphfix.srt import full_prefill_graph_capability as capability
 from sglang_graphfix.srt.arg_groups import cuda_graph_hook as ours
+from tiny_configs import FAMILIES, write_config
 
 OURS = "sglang_graphfix.srt.arg_groups.cuda_graph_hook"
 # Linear side capturable under a full prefill graph (KDA through KDA_FULL_PREFILL_GRAPH).
@@ -76,7 +77,7 @@ def test_family_matches_the_backend_sglang_builds(model_dirs, family):
     args = ServerArgs(model_path=model_dirs[family])
     model_config = model_config_of(args)
     assert model_config.hf_config.architectures == [FAMILIES[family][1]]
-    assert ours.linear_attention_family(model_config) == FAMILIES[family][2]
+    assert capability.family_label(model_config) == FAMILIES[family][2]
 
 
 # ---- the matrix: family x how the full graph is asked for x attention backend ----
@@ -90,6 +91,10 @@ def test_explicit_full(model_dirs, family, attention, caplog):
     kwargs = dict(
         attention_backend=attention, cuda_graph_config={"prefill": {"backend": "full"}}
     )
+    if (family, attention) in SGLANG_REFUSES:  # before the prefill graph is judged
+        with pytest.raises(AssertionError, match=SGLANG_REFUSES[family, attention]):
+            resolve(model_dirs, family, **kwargs)
+        return
     if full_captures(family, attention):
         args = resolve(model_dirs, family, **kwargs)
         assert prefill_backend(args) == Backend.FULL
@@ -267,7 +272,7 @@ def test_model_default_full_with_a_non_triton_linear_prefill_kernel(model_dirs, 
 
 
 def test_kda_switch_rejects_kda_again(model_dirs, monkeypatch):
-    monkeypatch.setattr(ours, "KDA_FULL_PREFILL_GRAPH", False)
+    monkeypatch.setattr(capability, "KDA_FULL_PREFILL_GRAPH", False)
     with pytest.raises(
         ValueError, match="KDA linear attention has no capturable extend"
     ):
@@ -283,8 +288,8 @@ def test_kda_switch_rejects_kda_again(model_dirs, monkeypatch):
 def test_unlocked_full_default_goes_through_the_cascade(
     model_dirs, family, expected, caplog
 ):
-    """A future sglang whose own default prefill graph is full: not locked, so
-    upstream's cascade calls disable_full_prefill_cudagraph_if_incompatible."""
+    """A future sglang whose own default prefill graph is full (not locked, not
+    the user's): judged on the final settings like a model default."""
     with (
         mock.patch(
             "sglang.srt.model_executor.cuda_graph_config.default_prefill_backend",
@@ -296,31 +301,6 @@ def test_unlocked_full_default_goes_through_the_cascade(
     assert prefill_backend(args) == expected
     assert len(our_warnings(caplog)) == (expected != "full")
     assert ("selected automatically" in caplog.text) == (expected != "full")
-
-
-def test_breakable_rule_known_to_work_warns_instead(model_dirs, monkeypatch, caplog):
-    monkeypatch.setattr(
-        ours, "BREAKABLE_RULES_KNOWN_TO_WORK", ("KDA hybrid linear attention",)
-    )
-    with caplog.at_level(logging.WARNING):
-        args = resolve(
-            model_dirs, "kimi_linear", cuda_graph_backend_prefill="breakable"
-        )
-    assert prefill_backend(args) == Backend.BREAKABLE
-    (warning,) = our_warnings(caplog)
-    assert (
-        "as requested" in warning and "--cuda-graph-backend-prefill disabled" in warning
-    )
-
-
-def test_two_batch_overlap_explicit_breakable_is_refused(model_dirs):
-    with pytest.raises(ValueError, match="two-batch overlap"):
-        resolve(
-            model_dirs,
-            "llama",
-            cuda_graph_backend_prefill="breakable",
-            enable_two_batch_overlap=True,
-        )
 
 
 @pytest.mark.parametrize(
@@ -376,3 +356,111 @@ def test_upstream_alone_lets_every_case_through(model_dirs, monkeypatch):
     # and sglang's own lock lets the explicit breakable graph through on KDA
     args = resolve(model_dirs, "kimi_linear", cuda_graph_backend_prefill="breakable")
     assert prefill_backend(args) == Backend.BREAKABLE
+
+
+# ---- outside hybrid models: upstream's decisions, unchanged ----
+
+
+def upstream_plan(args):
+    cfg = resolving_view(args)
+    graph = cfg.cuda_graph_config
+    return (
+        graph.prefill.backend,
+        graph.prefill.bs,
+        graph.decode.backend,
+        graph.decode.bs,
+        attention_backends_of(resolved_view(args)),
+    )
+
+
+def _plan_or_error(model_dirs, family, gpu, kwargs):
+    try:
+        return upstream_plan(resolve(model_dirs, family, gpu=gpu, **kwargs))
+    except Exception as exc:  # what stops the server, as a comparable value
+        return type(exc).__name__, str(exc)
+
+
+def _without_graphfix(monkeypatch):
+    """Every sglang-graphfix hook unwrapped (SGLANG_PLUGINS=none's resolution)."""
+    for patch in PATCHES:
+        owner, name = patch.target.rsplit(".", 1)
+        target = pkgutil.resolve_name(owner)
+        monkeypatch.setattr(target, name, getattr(target, name).__wrapped__)
+
+
+LLAMA_COMBOS = [
+    {},
+    {"cuda_graph_backend_prefill": "breakable"},
+    {"cuda_graph_backend_prefill": "disabled"},
+    {"cuda_graph_backend_prefill": "full"},
+    {"cuda_graph_backend_prefill": "full", "attention_backend": "flashinfer"},
+    {"cuda_graph_config": {"prefill": {"backend": "full"}}},
+    {"enable_two_batch_overlap": True},
+    {"enable_two_batch_overlap": True, "cuda_graph_backend_prefill": "breakable"},
+    {"enable_two_batch_overlap": True, "cuda_graph_backend_prefill": "full"},
+    {"disable_cuda_graph": True},
+    {"enable_mis": True, "attention_backend": "flashinfer"},
+    {"enable_unified_memory": True, "cuda_graph_backend_prefill": "full"},
+    {"speculative_algorithm": "NGRAM", "cuda_graph_backend_prefill": "full"},
+    {"attention_backend": "triton"},
+    {"attention_backend": "triton", "cuda_graph_backend_prefill": "breakable"},
+]
+
+
+@pytest.mark.parametrize("gpu", ["h200", "a100"])
+@pytest.mark.parametrize("kwargs", LLAMA_COMBOS, ids=str)
+def test_llama_plan_is_upstreams(model_dirs, monkeypatch, kwargs, gpu):
+    """On a model without linear attention, with any prefill graph that can
+    capture, the plan (graph backends, buckets, attention backends, or the error
+    that stops the server) is the one upstream resolves."""
+    ours_plan = _plan_or_error(model_dirs, "llama", gpu, kwargs)
+    with monkeypatch.context() as m:
+        _without_graphfix(m)
+        assert _plan_or_error(model_dirs, "llama", gpu, kwargs) == ours_plan
+
+
+def test_two_batch_overlap_with_an_explicit_breakable_graph_serves(model_dirs, caplog):
+    """sglang's breakable rules turn a default breakable graph off under two-batch
+    overlap, but serve an explicit one: so does sglang-graphfix, silently."""
+    with caplog.at_level(logging.WARNING):
+        args = resolve(
+            model_dirs,
+            "llama",
+            cuda_graph_backend_prefill="breakable",
+            enable_two_batch_overlap=True,
+        )
+    assert prefill_backend(args) == Backend.BREAKABLE
+    assert not our_warnings(caplog)
+    default = resolve(model_dirs, "llama", enable_two_batch_overlap=True)
+    assert prefill_backend(default) == Backend.DISABLED  # sglang's own rule
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"cuda_graph_backend_prefill": "full", "attention_backend": "triton"},
+        # fa3 with an fp8_e5m2 KV cache: sglang falls back to triton
+        {"cuda_graph_backend_prefill": "full", "kv_cache_dtype": "fp8_e5m2"},
+    ],
+    ids=str,
+)
+def test_llama_full_graph_on_triton_is_refused_where_upstream_fails_at_capture(
+    model_dirs, monkeypatch, kwargs
+):
+    """The one difference on Llama: upstream resolves a full prefill graph on
+    triton, whose capture then raises (TritonAttnBackend._apply_cuda_graph_metadata
+    has no EXTEND branch, shown below on CPU); sglang-graphfix refuses it first."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    with pytest.raises(ValueError, match="full-attention backend triton"):
+        resolve(model_dirs, "llama", **kwargs)
+    with monkeypatch.context() as m:
+        _without_graphfix(m)
+        assert prefill_backend(resolve(model_dirs, "llama", **kwargs)) == Backend.FULL
+    triton = TritonAttnBackend.__new__(TritonAttnBackend)
+    with pytest.raises(ValueError, match="Invalid forward mode.*for CUDA Graph replay"):
+        triton._apply_cuda_graph_metadata(
+            plan=None, bs=1, req_pool_indices=None, seq_lens=None,
+            forward_mode=ForwardMode.EXTEND, spec_info=None,
+        )  # fmt: skip

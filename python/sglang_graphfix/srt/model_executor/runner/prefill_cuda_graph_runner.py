@@ -20,18 +20,16 @@ from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
 from sglang.srt.layers.attention.linear.inkling_sconv_backend import (
     InklingShortConvAttnBackend,
 )
-from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
 from sglang.srt.runtime_context import get_exec, get_spec
+from sglang_graphfix.srt.full_prefill_graph_capability import (
+    require_capturable_full_prefill_graph,
+)
 from sglang_graphfix.srt.layers.attention.linear.gdn_backend import (
     EAGER_GDN_PREFILL_DEFAULT,
-    require_capturable_gdn_extend,
 )
 from sglang_graphfix.srt.layers.attention.linear.gdn_prefill_graph import (
     use_default_eager_gdn_prefill,
     warm_eager_gdn_prefill,
-)
-from sglang_graphfix.srt.layers.attention.linear.kda_backend import (
-    require_capturable_kda_extend,
 )
 
 logger = logging.getLogger(__name__)
@@ -47,7 +45,8 @@ logger = logging.getLogger(__name__)
 #          index out of range"); a backend that cannot capture an extend at all
 #          (Mamba2, short-conv, Lightning) should fail with the flag to use
 #          instead, not inside the capture.
-# How:     require_capturable_linear_extend per linear backend; then
+# How:     the capability model asserts on each linear backend and the prefill
+#          attention backend (require_capturable_full_prefill_graph); then
 #          init_linear_graph_state_for_prefill: only the linear child (the
 #          full-attention child, FlashInfer for one, would size its decode
 #          buffers by the prefill bounds), sized for the decode runner's later
@@ -61,7 +60,7 @@ def prepare_linear_attention_for_full_prefill_capture(original, self):
     if self._is_full_backend:
         linear_backends = _linear_attention_backends(self.model_runner.attn_backend)
         for linear in linear_backends:
-            require_capturable_linear_extend(linear)
+            require_capturable_full_prefill_graph(linear, self)
         if not self.model_runner.is_draft_worker:
             for linear in linear_backends:
                 init_linear_graph_state_for_prefill(self, linear)
@@ -72,23 +71,6 @@ def _linear_attention_backends(attn_backend) -> list:
     if isinstance(attn_backend, HybridLinearAttnBackend):
         return [attn_backend.linear_attn_backend]
     return []
-
-
-def require_capturable_linear_extend(linear) -> None:
-    """GDN and KDA extend on static per-bucket tables (their own checks name
-    the setting); Inkling's short-conv sidecar captures upstream. Anything else
-    sizes its extend launches from host-side lengths."""
-    if isinstance(linear, GDNAttnBackend):
-        require_capturable_gdn_extend(linear)
-    elif isinstance(linear, KDAAttnBackend):
-        require_capturable_kda_extend(linear)
-    elif not isinstance(linear, InklingShortConvAttnBackend):
-        raise ValueError(
-            f"Full prefill CUDA graph cannot capture the {type(linear).__name__} "
-            "extend: its kernels size their launches from host-side sequence "
-            "lengths. Use --cuda-graph-backend-prefill breakable or "
-            "--cuda-graph-backend-prefill disabled instead."
-        )
 
 
 def linear_graph_state_bounds(runner) -> tuple[int, int]:

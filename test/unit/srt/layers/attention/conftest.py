@@ -7,7 +7,7 @@ import pytest
 import torch
 from gdn_stub import CHUNK
 
-from sglang_graphfix.srt.layers.attention.linear import gdn_backend as ours
+from sglang_graphfix.srt import full_prefill_graph_capability as capability
 from sglang_graphfix.srt.layers.attention.linear import kda_prefill_graph as tables
 
 
@@ -15,7 +15,9 @@ from sglang_graphfix.srt.layers.attention.linear import kda_prefill_graph as tab
 def runtime_probes(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *args, **kwargs: self)
     monkeypatch.setattr(
-        ours, "get_memory", lambda: SimpleNamespace(enable_page_major_kv_layout=False)
+        capability,
+        "get_memory",
+        lambda: SimpleNamespace(enable_page_major_kv_layout=False),
     )
     monkeypatch.setattr(tables, "mamba_cache_chunk_size", lambda: CHUNK)
     monkeypatch.setattr(

@@ -3,6 +3,7 @@ full prefill graph captures, the linear backends are checked and their
 CUDA-graph state is allocated once (sized for the decode runner too, without
 the full-attention child); the decode runner's later call keeps it."""
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -60,7 +61,7 @@ def runtime(monkeypatch):
         ours, "get_spec", lambda: SimpleNamespace(speculative_num_draft_tokens=None)
     )
     monkeypatch.setattr(
-        "sglang_graphfix.srt.layers.attention.linear.gdn_backend.get_memory",
+        "sglang_graphfix.srt.full_prefill_graph_capability.get_memory",
         lambda: SimpleNamespace(enable_page_major_kv_layout=False),
     )
     return config
@@ -83,14 +84,17 @@ def _runner(linear, *, full_backend=True, draft=False):
     return runner
 
 
-def _capture(runner):
-    """Run the hook with a stand-in for upstream's capture that records what it
-    found allocated."""
+def _capture(runner, record=None):
+    """sglang's PrefillCudaGraphRunner.capture (as patched) on the runner, with its
+    CUDA-only body (_capture: warm-up and graph capture) replaced by a stand-in
+    that records what it found allocated."""
     seen = []
     linear = runner.model_runner.attn_backend.linear_attn_backend
-    ours.prepare_linear_attention_for_full_prefill_capture(
-        lambda self: seen.append(len(getattr(linear, "state_indices_list", []))), runner
+    runner.model_context = contextlib.nullcontext
+    runner._capture = record or (
+        lambda: seen.append(len(getattr(linear, "state_indices_list", [])))
     )
+    PrefillCudaGraphRunner.capture(runner)
     return seen
 
 
@@ -155,32 +159,31 @@ def test_decode_replay_finds_state_after_the_prefill_capture():
     assert linear._replay_metadata(2, *args).mamba_cache_indices.tolist() == [5, 9]
 
 
-BREAKABLE = "--cuda-graph-backend-prefill breakable"
-# sglang's own rules keep the breakable prefill graph off for KDA (but GLM-5.3 Flash).
 DISABLED = "--cuda-graph-backend-prefill disabled"
 
 
 @pytest.mark.parametrize(
-    "linear, flag, instead",
+    "linear, flag",
     [
-        (Mamba2AttnBackend.__new__(Mamba2AttnBackend), BREAKABLE, BREAKABLE),
-        (make_kda(extend_kernel=object()), "--linear-attn-prefill-backend triton", DISABLED),
-        (make_gdn(extend_kernel=object()), "--linear-attn-prefill-backend triton", BREAKABLE),
+        (Mamba2AttnBackend.__new__(Mamba2AttnBackend), "has no capturable extend"),
+        (make_kda(extend_kernel=object()), "--linear-attn-prefill-backend triton"),
+        (make_gdn(extend_kernel=object()), "--linear-attn-prefill-backend triton"),
     ],
 )  # fmt: skip
-def test_uncapturable_linear_extend_fails_before_capture(linear, flag, instead):
+def test_uncapturable_linear_extend_fails_before_capture(linear, flag):
     linear = with_graph_lists(linear)
     called = []
     with pytest.raises(ValueError, match=flag) as err:
-        ours.prepare_linear_attention_for_full_prefill_capture(
-            lambda self: called.append(self), _runner(linear)
-        )
+        _capture(_runner(linear), record=lambda: called.append(True))
     assert called == [] and linear.state_indices_list == []
-    assert instead in str(err.value)
+    assert DISABLED in str(err.value)
 
 
 def test_mamba2_error_names_the_backend():
-    with pytest.raises(ValueError, match="cannot capture the Mamba2AttnBackend extend"):
+    with pytest.raises(
+        ValueError,
+        match=r"cannot capture this Mamba2/short-conv extend \(Mamba2AttnBackend\)",
+    ):
         _capture(
             _runner(with_graph_lists(Mamba2AttnBackend.__new__(Mamba2AttnBackend)))
         )

@@ -10,10 +10,10 @@ capture, refilled before every replay) and runs the extend on them.
 from __future__ import annotations
 
 import logging
+
 from sglang.srt.layers.attention.linear.kda_prefill_graph import (
     KDAPrefillGraphMetadata,
 )
-from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
 from sglang.srt.model_executor.cuda_graph_config import (
     Backend,
     Phase,
@@ -23,7 +23,10 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.runner_utils.prefill_graph import (
     is_in_full_prefill_graph,
 )
-from sglang.srt.runtime_context import get_memory
+
+from sglang_graphfix.srt.full_prefill_graph_capability import (
+    require_capturable_full_prefill_graph,
+)
 from sglang_graphfix.srt.layers.attention.linear.gdn_prefill_graph import (
     gdn_extend_in_graph,
 )
@@ -33,15 +36,14 @@ from sglang_graphfix.srt.layers.attention.linear.kda_prefill_graph import (
 
 logger = logging.getLogger(__name__)
 
-_USE_INSTEAD = "or use --cuda-graph-backend-prefill breakable (the default)"
-
 
 def prepare_full_prefill_graph_tables(
     backend, forward_batch: ForwardBatch, *, in_capture: bool
 ) -> KDAPrefillGraphMetadata:
-    """The bucket's tables (full_prefill_graph_tables), checked at capture."""
+    """The bucket's tables (full_prefill_graph_tables); at capture, the capability
+    model asserts first (the two-batch-overlap path reaches only this check)."""
     if in_capture:
-        require_capturable_gdn_extend(backend)
+        require_capturable_full_prefill_graph(backend)
     meta = full_prefill_graph_tables(
         backend, forward_batch, in_capture=in_capture, family="GDN"
     )
@@ -49,30 +51,6 @@ def prepare_full_prefill_graph_tables(
         # Read by forward_extend while this bucket warms up and is captured.
         backend.full_prefill_graph_capture = meta
     return meta
-
-
-def require_capturable_gdn_extend(backend) -> None:
-    """The in-graph extend runs sglang's Triton chunk kernels on contiguous state
-    pools; fail at capture, naming the setting, for anything else."""
-    problem = None
-    if not isinstance(backend.kernel_dispatcher.extend_kernel, TritonGDNKernel):
-        problem = (
-            f"the GDN prefill kernel is "
-            f"{type(backend.kernel_dispatcher.extend_kernel).__name__}; set "
-            "--linear-attn-prefill-backend triton"
-        )
-    elif backend.enable_mis:
-        problem = "multi-item scoring needs host-side metadata; drop --enable-mis"
-    elif get_memory().enable_page_major_kv_layout:
-        problem = (
-            "the page-major KV layout strides the GDN state pools; drop "
-            "--enable-page-major-kv-layout"
-        )
-    if problem is not None:
-        raise ValueError(
-            f"Full prefill CUDA graph cannot capture this GDN extend: {problem}, "
-            f"{_USE_INSTEAD}."
-        )
 
 
 # What:    Wraps GDNAttnBackend.forward_extend: while a full prefill graph bucket

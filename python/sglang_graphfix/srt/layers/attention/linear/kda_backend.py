@@ -13,64 +13,33 @@ slot-padded batch before every replay.
 
 from __future__ import annotations
 
-from sglang.srt.environ import envs
 from sglang.srt.layers.attention.linear.kda_prefill_graph import (
     KDAPrefillGraphMetadata,
 )
-from sglang.srt.layers.attention.linear.kernels.kda_triton import TritonKDAKernel
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+from sglang_graphfix.srt.full_prefill_graph_capability import (
+    require_capturable_full_prefill_graph,
+)
 from sglang_graphfix.srt.layers.attention.linear.kda_prefill_graph import (
     full_prefill_graph_tables,
-)
-
-# sglang keeps the breakable prefill graph off for KDA models except GLM-5.3 Flash.
-_USE_INSTEAD = (
-    "or use --cuda-graph-backend-prefill disabled (breakable only for GLM-5.3 "
-    "Flash, the KDA model sglang validates it on)"
 )
 
 
 def prepare_kda_full_prefill_graph_tables(
     backend, forward_batch: ForwardBatch, *, in_capture: bool
 ) -> KDAPrefillGraphMetadata:
-    """The bucket's tables (full_prefill_graph_tables), checked at capture, and
-    pointed at by upstream's forward_extend (kda_extend_in_graph) while the bucket
-    warms up, is captured or replays; an eager init_forward_metadata clears it."""
+    """The bucket's tables (full_prefill_graph_tables), asserted capturable by the
+    capability model at capture, and pointed at by upstream's forward_extend
+    (kda_extend_in_graph) while the bucket warms up, is captured or replays; an
+    eager init_forward_metadata clears it."""
     if in_capture:
-        require_capturable_kda_extend(backend)
+        require_capturable_full_prefill_graph(backend)
     meta = full_prefill_graph_tables(
         backend, forward_batch, in_capture=in_capture, family="KDA"
     )
     backend.prefill_graph_metadata = meta
     return meta
-
-
-def require_capturable_kda_extend(backend) -> None:
-    """The captured extend is upstream's Triton table chain (the conditions of
-    KDAAttnBackend.supports_prefill_graph_extend, Triton kernel only); fail at
-    capture, naming the setting, for anything else."""
-    problem = None
-    kernel = backend.kernel_dispatcher.extend_kernel
-    if not isinstance(kernel, TritonKDAKernel):
-        problem = (
-            f"the KDA prefill kernel is {type(kernel).__name__}; set "
-            "--linear-attn-prefill-backend triton"
-        )
-    elif envs.SGLANG_DISABLE_KDA_PREFILL_GRAPH_EXTEND.get():
-        problem = (
-            "SGLANG_DISABLE_KDA_PREFILL_GRAPH_EXTEND turns off the KDA prefill "
-            "graph tables; unset it"
-        )
-    elif backend.accept_lens_pool is not None:
-        problem = (
-            "the fused-accept speculative path (FlashInfer KDA verify) stages "
-            "state in every eager extend; set --linear-attn-verify-backend triton"
-        )
-    if problem is not None:
-        raise ValueError(
-            f"Full prefill CUDA graph cannot capture this KDA extend: {problem}, "
-            f"{_USE_INSTEAD}."
-        )
 
 
 # What:    Wraps KDAAttnBackend.forward_extend: on prefill-graph tables, hands

@@ -18,7 +18,6 @@ from gdn_stub import (
     make_gdn,
     replay_view,
 )
-
 from sglang.kernels.ops.attention.fla.index import (
     prepare_chunk_indices,
     prepare_chunk_offsets,
@@ -32,13 +31,20 @@ from sglang.kernels.ops.mamba.kda_prefill_track import (
     TRACK_FINAL_STATE,
     TRACK_NONE,
 )
+from sglang.srt.arg_groups.overrides import model_config_of
+from sglang.srt.layers.attention.attention_registry import attn_backend_wrapper
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase
 from sglang.srt.model_executor.runner_utils.prefill_graph import prefill_graph_scope
+from sglang.srt.runtime_context import create_context, use_context
+from sglang.srt.server_args import ServerArgs
+from sglang_graphfix.cli import simulated_gpu
+from sglang_graphfix.srt import full_prefill_graph_capability as capability
 from sglang_graphfix.srt.layers.attention.linear import gdn_backend as ours
 from sglang_graphfix.srt.layers.attention.linear.gdn_prefill_graph import (
     chunk_state_rows,
     conv_window_rows,
 )
+from tiny_configs import write_config
 
 
 def _captured_then_replayed(backend):
@@ -133,7 +139,7 @@ def test_uncapturable_gdn_extend_fails_at_capture(
     monkeypatch, backend_kwargs, page_major, flag
 ):
     monkeypatch.setattr(
-        ours,
+        capability,
         "get_memory",
         lambda: SimpleNamespace(enable_page_major_kv_layout=page_major),
     )
@@ -141,7 +147,7 @@ def test_uncapturable_gdn_extend_fails_at_capture(
         ours.prepare_full_prefill_graph_tables(
             make_gdn(**backend_kwargs), capture_view(), in_capture=True
         )
-    assert "--cuda-graph-backend-prefill breakable" in str(err.value)
+    assert "--cuda-graph-backend-prefill disabled" in str(err.value)
 
 
 def _layer_cache_backend():
@@ -197,19 +203,55 @@ def test_forward_extend_is_upstream_outside_a_full_prefill_graph(monkeypatch, sc
                 backend.forward_extend(**kwargs)
 
 
-def test_flashinfer_gdn_prefill_default_is_kept_off_under_full_prefill_graph(
-    monkeypatch, caplog
+class _Built(Exception):
+    """Stops attn_backend_wrapper where it constructs the GDN backend."""
+
+
+@pytest.mark.parametrize(
+    "prefill_graph, kernel", [("full", "triton"), ("breakable", "flashinfer")]
+)
+def test_gdn_prefill_kernel_sglang_picks_under_each_prefill_graph(
+    tmp_path, monkeypatch, caplog, prefill_graph, kernel
 ):
+    """sglang's attn_backend_wrapper asks flashinfer_gdn_prefill_default for the
+    GDN prefill kernel of a Qwen3-Next on an H200 (resolved and published as a
+    scheduler does; only the hardware probes answered): FlashInfer, unless the
+    prefill graph is full, whose captured extend runs the Triton kernels."""
+    args = ServerArgs(
+        model_path=write_config("qwen3_next", tmp_path / "qwen3_next"),
+        cuda_graph_backend_prefill=prefill_graph,
+        attention_backend="flashinfer",
+    )
+    with simulated_gpu("h200"):
+        args.resolve_once()
+        context = create_context(args, role="scheduler")
+    built = {}
+
+    def gdn_backend(runner):
+        built["backends"] = runner.linear_attn_backends
+        raise _Built
+
+    upstream = "sglang.srt.layers.attention.linear.gdn_backend."
+    monkeypatch.setattr(upstream + "GDNAttnBackend", gdn_backend)
+    monkeypatch.setattr(upstream + "is_cuda", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(torch.version, "cuda", "12.9")
     monkeypatch.setattr(
-        ours, "check_cuda_graph_backend", lambda phase, backend: backend == "full"
+        "sglang.srt.layers.attention.linear.kernels.gdn_flashinfer."
+        "is_flashinfer_gdn_prefill_available",
+        lambda: True,
     )
-    assert (
-        ours.keep_triton_gdn_prefill_for_full_graph(lambda runner: "flashinfer", None)
-        is None
+    fp32_state = SimpleNamespace(temporal=torch.zeros(1, dtype=torch.float32))
+    runner = SimpleNamespace(
+        model_config=model_config_of(args),
+        use_mla_backend=False,
+        req_to_token_pool=SimpleNamespace(
+            mamba_pool=SimpleNamespace(mamba_cache=fp32_state)
+        ),
     )
-    assert "Keeping the Triton GDN prefill kernel" in caplog.text
-    monkeypatch.setattr(ours, "check_cuda_graph_backend", lambda phase, backend: False)
-    assert (
-        ours.keep_triton_gdn_prefill_for_full_graph(lambda runner: "flashinfer", None)
-        == "flashinfer"
+    with use_context(context), pytest.raises(_Built):
+        attn_backend_wrapper(runner, object())
+    assert built["backends"].prefill.value == kernel
+    assert ("Keeping the Triton GDN prefill kernel" in caplog.text) == (
+        prefill_graph == "full"
     )

@@ -1,0 +1,514 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The capability model of full prefill CUDA graphs: every condition a full
+prefill graph needs, per linear-attention family and per full-attention backend,
+in one table.
+
+Two layers ask it the same question on the same conditions:
+  * config time (``..arg_groups.cuda_graph_hook``): ``full_prefill_graph_support``
+    on the resolved server arguments, before any weights load: an explicit full
+    graph that cannot capture is refused, a model default is downgraded;
+  * capture time (the prefill runner and the GDN/KDA backends):
+    ``require_capturable_full_prefill_graph`` on the live backends, which only
+    asserts what config time already decided.
+
+Facts are gathered into ``Settings`` (from the server arguments, or from the live
+backends); ``judge`` evaluates the table on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Tuple
+
+from sglang.srt.configs.hybrid_arch import (
+    hybrid_gdn_config,
+    hybrid_kda_config,
+    hybrid_lightning_config,
+    linear_attn_model_spec,
+    mamba2_config,
+    mambaish_config,
+)
+from sglang.srt.configs.inkling import InklingMMConfig, InklingModelConfig
+from sglang.srt.environ import envs
+from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
+from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+from sglang.srt.layers.attention.linear.inkling_sconv_backend import (
+    InklingShortConvAttnBackend,
+)
+from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
+from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
+from sglang.srt.layers.attention.linear.kernels.kda_triton import TritonKDAKernel
+from sglang.srt.layers.attention.linear.lightning_backend import (
+    LightningAttentionBackend,
+)
+from sglang.srt.layers.attention.linear.short_conv_backend import ShortConvAttnBackend
+from sglang.srt.runtime_context import get_memory, get_platform
+
+# KDA (Kimi-Linear, GLM-5.x Next) under a full prefill graph: the extend runs on
+# upstream's breakable-graph KDA tables (KDAPrefillGraphMetadata), wired in by
+# ..layers.attention.linear.kda_backend. THE switch for KDA: set it to False to
+# refuse a full prefill graph on KDA models again.
+KDA_FULL_PREFILL_GRAPH = True
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The facts a full prefill graph depends on, from the server arguments
+    (settings_from_server_args) or from the live backends
+    (settings_from_linear_backend)."""
+
+    architecture: str
+    family: Optional[str] = None  # LinearFamily.name; None: no linear attention
+    linear_prefill_kernel: Optional[str] = None  # GDN/KDA extend kernel
+    fused_accept_verify: bool = False  # KDA's FlashInfer verify stages state
+    enable_mis: bool = False
+    page_major_kv_layout: bool = False
+    kda_graph_extend_disabled: bool = False  # SGLANG_DISABLE_KDA_PREFILL_GRAPH_EXTEND
+    attention_backend: Optional[str] = None  # prefill; None: not known here
+    mla: bool = False
+    sm: int = 0  # compute capability as sglang's platform probe reports it; 0: unknown
+    dllm: bool = False
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One thing a full prefill graph needs. ``setting`` names what violates it
+    as the user sets it (a flag, an environment variable, a switch)."""
+
+    setting: str
+    violated: Callable[[Settings], bool]
+    reason: Callable[[Settings], str]
+    fix: Optional[Callable[[Settings], Optional[str]]] = None  # keeps the full graph
+
+
+@dataclass(frozen=True)
+class LinearFamily:
+    """A linear-attention family as sglang builds it (the order of
+    attention_registry.attn_backend_wrapper): how its config is recognised, the
+    backend classes it runs on, and what its captured extend needs."""
+
+    name: str
+    recognises: Callable[[Any], bool]  # on a ModelConfig
+    backends: Tuple[type, ...]
+    captures: bool  # whether a full prefill graph captures its extend at all
+    conditions: Tuple[Condition, ...] = ()
+
+
+def _triton_kernel(family: str) -> Condition:
+    return Condition(
+        setting="--linear-attn-prefill-backend",
+        violated=lambda s: s.linear_prefill_kernel != "triton",
+        reason=lambda s: (
+            f"the captured {family} extend runs the Triton kernels, not "
+            f"{s.linear_prefill_kernel}"
+        ),
+        fix=lambda s: "set --linear-attn-prefill-backend triton",
+    )
+
+
+_NO_CAPTURABLE_EXTEND = (
+    "{family} linear attention has no capturable extend (its kernels read "
+    "host-side sequence lengths, and sglang plans only its decode and verify out "
+    "of graph)"
+)
+
+GDN_CONDITIONS = (
+    _triton_kernel("GDN"),
+    # GDNAttnBackend.init_forward_metadata builds multi-item-scoring metadata on
+    # the host for every batch (build_gdn_mis_metadata).
+    Condition(
+        setting="--enable-mis",
+        violated=lambda s: s.enable_mis,
+        reason=lambda s: (
+            "GDN multi-item scoring (--enable-mis) builds host-side metadata per batch"
+        ),
+    ),
+    # A page-major (or unified-memory) pool strides the GDN state, and the
+    # prefill kernels run on gathered contiguous copies (GDNAttnBackend's
+    # needs_state_gather) that a captured extend cannot hold.
+    Condition(
+        setting="--enable-page-major-kv-layout / --enable-unified-memory",
+        violated=lambda s: s.page_major_kv_layout,
+        reason=lambda s: (
+            "the page-major KV layout (--enable-page-major-kv-layout, implied by "
+            "--enable-unified-memory) strides the GDN state pools, which the captured "
+            "extend reads in place"
+        ),
+    ),
+)
+
+KDA_CONDITIONS = (
+    Condition(
+        setting="KDA_FULL_PREFILL_GRAPH (sglang_graphfix.srt.full_prefill_graph_capability)",
+        violated=lambda s: not KDA_FULL_PREFILL_GRAPH,
+        reason=lambda s: _NO_CAPTURABLE_EXTEND.format(family="KDA"),
+    ),
+    _triton_kernel("KDA"),
+    # The conditions of KDAAttnBackend.supports_prefill_graph_extend.
+    Condition(
+        setting="SGLANG_DISABLE_KDA_PREFILL_GRAPH_EXTEND",
+        violated=lambda s: s.kda_graph_extend_disabled,
+        reason=lambda s: (
+            "SGLANG_DISABLE_KDA_PREFILL_GRAPH_EXTEND turns off the KDA prefill-graph "
+            "tables the captured extend runs on"
+        ),
+        fix=lambda s: "unset SGLANG_DISABLE_KDA_PREFILL_GRAPH_EXTEND",
+    ),
+    Condition(
+        setting="--linear-attn-verify-backend",
+        violated=lambda s: s.fused_accept_verify,
+        reason=lambda s: (
+            "KDA's FlashInfer verify (fused accept, with speculative decoding and "
+            "no radix cache) stages state in every eager extend"
+        ),
+        fix=lambda s: "set --linear-attn-verify-backend triton",
+    ),
+)
+
+
+def _is_inkling(model_config) -> bool:
+    return isinstance(model_config.hf_config, (InklingModelConfig, InklingMMConfig))
+
+
+def _registry_defined(model_config) -> bool:
+    return mambaish_config(model_config) is not None
+
+
+# Linear-attention families, in attention_registry.attn_backend_wrapper's order.
+#   GDN      this package's captured extend on static per-bucket tables
+#            (..layers.attention.linear.gdn_prefill_graph), Triton kernels only;
+#   KDA      upstream's breakable-graph tables, Triton kernels only;
+#   Inkling  upstream records its short-conv metadata inside the graph
+#            (InklingShortConvAttnBackend.init_forward_metadata_in_graph).
+# Mamba2/short-conv (NemotronH, Falcon-H1, GraniteMoeHybrid, LFM2), Lightning and
+# registry-defined backends size their extend launches from host data.
+LINEAR_FAMILIES = (
+    LinearFamily("Inkling short-conv", _is_inkling, (InklingShortConvAttnBackend,), True),
+    LinearFamily("GDN", lambda m: hybrid_gdn_config(m) is not None, (GDNAttnBackend,), True, GDN_CONDITIONS),
+    LinearFamily("Mamba2/short-conv", lambda m: mamba2_config(m) is not None, (Mamba2AttnBackend, ShortConvAttnBackend), False),
+    LinearFamily("KDA", lambda m: hybrid_kda_config(m) is not None, (KDAAttnBackend,), True, KDA_CONDITIONS),
+    LinearFamily("Lightning", lambda m: hybrid_lightning_config(m) is not None, (LightningAttentionBackend,), False),
+    LinearFamily("registry-defined", _registry_defined, (), False),
+)  # fmt: skip
+
+_FAMILIES = {family.name: family for family in LINEAR_FAMILIES}
+
+
+def linear_family_of_config(model_config) -> Optional[LinearFamily]:
+    """The family sglang builds for this model config, None without linear attention."""
+    return next((f for f in LINEAR_FAMILIES if f.recognises(model_config)), None)
+
+
+def linear_family_of_backend(linear) -> LinearFamily:
+    """The family of a live linear-attention backend (registry-defined when no
+    listed class matches)."""
+    return next(
+        (f for f in LINEAR_FAMILIES if isinstance(linear, f.backends)),
+        _FAMILIES["registry-defined"],
+    )
+
+
+def family_label(model_config) -> Optional[str]:
+    """The family as explain and the messages name it (a registry-defined one
+    with its backend class)."""
+    family = linear_family_of_config(model_config)
+    if family is None or family.name != "registry-defined":
+        return family and family.name
+    spec = linear_attn_model_spec(model_config)
+    backend = spec.backend_class_name.rsplit(".", 1)[-1] if spec else "unknown"
+    return f"registry-defined ({backend})"
+
+
+# ---- the full-attention side ----
+
+# Prefill attention backends whose init_forward_metadata_out_graph plans a plain
+# EXTEND for a full prefill graph, read from sglang 0.5.23's backends:
+#   fa3, fa4    FlashAttentionBackend._init_full_cg_prefill_metadata (MHA and MLA);
+#               also the only backend with supports_full_cuda_graph_chunked_prefix,
+#               which PrefillCudaGraphRunner asserts for MLA models that keep the
+#               chunked prefix cache.
+#   flashinfer  FlashInferAttnBackend plans it on full_cg_prefill_wrappers; MHA only,
+#               since "flashinfer" on an MLA model is FlashInferMLAAttnBackend.
+# Every other backend fails in capture or replay: triton and trtllm_mha
+# (_apply_cuda_graph_metadata: "Invalid forward mode ... for CUDA Graph replay"),
+# FlashInferMLAAttnBackend and its subclasses flashmla / trtllm_mla / cutedsl_mla
+# ("Invalid mode"), dsa (no EXTEND branch), dsv4 (_GraphBucket raises
+# NotImplementedError), aiter and wave ("Invalid forward mode"), hpc_ops (asserts
+# decode); torch_native and flex_attention turn every graph off themselves.
+FULL_PREFILL_ATTENTION_BACKENDS = ("fa3", "fa4", "flashinfer")
+FULL_PREFILL_MLA_ATTENTION_BACKENDS = ("fa3", "fa4")
+
+_TRITON_FAILURE = (
+    " (its capture fails with 'Invalid forward mode EXTEND for CUDA Graph replay')"
+)
+
+
+def attention_backend_runs(backend: str, *, mla: bool, sm: int) -> bool:
+    """Whether sglang builds this attention backend on this GPU at all: its fa3
+    factory (attention_registry.create_flashattention_v3_backend) asserts SM9x,
+    or SM8x for a model without MLA. sm 0 (unknown): assumed."""
+    if backend != "fa3" or not sm:
+        return True
+    return sm // 10 == 9 or (sm // 10 == 8 and not mla)
+
+
+def attention_backend_advised(backend: str, *, mla: bool, sm: int) -> bool:
+    """Whether to name this backend as a remedy on this GPU: it runs there, and
+    sglang itself selects it there (fa4 only on Hopper and Blackwell, as its
+    model overrides do, e.g. Inkling's)."""
+    if not attention_backend_runs(backend, mla=mla, sm=sm):
+        return False
+    return backend != "fa4" or not sm or sm // 10 in (9, 10)
+
+
+def capturing_attention_backends(*, mla: bool, sm: int) -> Tuple[str, ...]:
+    """The attention backends to advise for a full prefill graph on this GPU."""
+    capable = (
+        FULL_PREFILL_MLA_ATTENTION_BACKENDS if mla else FULL_PREFILL_ATTENTION_BACKENDS
+    )
+    return tuple(b for b in capable if attention_backend_advised(b, mla=mla, sm=sm))
+
+
+def _keep_full_with_attention(s: Settings) -> Optional[str]:
+    advised = capturing_attention_backends(mla=s.mla, sm=s.sm)
+    return "set --attention-backend " + " / ".join(advised) if advised else None
+
+
+def _none_capture_here(s: Settings) -> str:
+    if capturing_attention_backends(mla=s.mla, sm=s.sm):
+        return ""
+    return (
+        f" (no attention backend that sglang runs on sm{s.sm} plans a full prefill "
+        f"extend for {'MLA models' if s.mla else 'this model'})"
+    )
+
+
+def _plans_no_extend(s: Settings) -> bool:
+    capable = (
+        FULL_PREFILL_MLA_ATTENTION_BACKENDS
+        if s.mla
+        else FULL_PREFILL_ATTENTION_BACKENDS
+    )
+    return s.attention_backend not in capable
+
+
+ATTENTION_CONDITIONS = (
+    Condition(
+        setting="--attention-backend",
+        violated=_plans_no_extend,
+        reason=lambda s: (
+            f"the {s.attention_backend} attention backend{' (MLA)' if s.mla else ''} "
+            "plans no extend for a full prefill graph"
+            + (_TRITON_FAILURE if s.attention_backend == "triton" else "")
+            + _none_capture_here(s)
+        ),
+        fix=_keep_full_with_attention,
+    ),
+    Condition(
+        setting="--attention-backend (GPU architecture)",
+        violated=lambda s: (
+            not attention_backend_runs(s.attention_backend, mla=s.mla, sm=s.sm)
+        ),
+        reason=lambda s: (
+            f"sglang's {s.attention_backend} attention backend does not run "
+            f"{'MLA models ' if s.mla else ''}on sm{s.sm} at all "
+            "(create_flashattention_v3_backend asserts SM90 for MLA models, SM80-SM90 "
+            "otherwise): choose another --attention-backend" + _none_capture_here(s)
+        ),
+        fix=_keep_full_with_attention,
+    ),
+)
+
+
+@dataclass(frozen=True)
+class FullPrefillGraphSupport:
+    """Whether a full prefill CUDA graph can capture this configuration, and why not."""
+
+    architecture: str
+    linear_attention: Optional[str]  # the linear-attention family, None without one
+    linear_prefill_kernel: Optional[str]  # kernel of a GDN/KDA extend, else None
+    attention_backend: Optional[str]  # prefill full-attention backend; None: unresolved
+    capturing_attention_backends: Tuple[str, ...] = ()  # advised for this model and GPU
+    reasons: Tuple[str, ...] = ()  # empty: capable
+    fixes: Tuple[str, ...] = ()  # flags that keep the full graph, where one exists
+    violated: Tuple[str, ...] = field(default=(), compare=False)  # Condition.setting
+
+    @property
+    def capable(self) -> bool:
+        return not self.reasons
+
+    def describe(self) -> str:
+        linear = self.linear_attention or "none"
+        if self.linear_prefill_kernel:
+            linear += f" ({self.linear_prefill_kernel} prefill kernel)"
+        attention = self.attention_backend or "not chosen yet (sglang's default)"
+        return (
+            f"architecture {self.architecture}, linear attention {linear}, "
+            f"full-attention backend {attention}"
+        )
+
+
+def conditions_for(settings: Settings) -> Tuple[Condition, ...]:
+    """Every condition that applies to these settings: the linear family's, and
+    the full-attention backend's once it is known (dLLM backends plan their own
+    prefill-graph metadata)."""
+    family = _FAMILIES.get(settings.family)
+    conditions = family.conditions if family else ()
+    if settings.attention_backend is not None and not settings.dllm:
+        conditions += ATTENTION_CONDITIONS
+    return conditions
+
+
+def judge(settings: Settings, label: Optional[str] = None) -> FullPrefillGraphSupport:
+    """The verdict of the table on these settings."""
+    reasons, fixes, violated = [], [], []
+    family = _FAMILIES.get(settings.family)
+    if family is not None and not family.captures:
+        reasons.append(_NO_CAPTURABLE_EXTEND.format(family=label or family.name))
+        violated.append(family.name)
+    for condition in conditions_for(settings):
+        if not condition.violated(settings):
+            continue
+        reasons.append(condition.reason(settings))
+        violated.append(condition.setting)
+        fix = condition.fix(settings) if condition.fix else None
+        if fix and fix not in fixes:
+            fixes.append(fix)
+    return FullPrefillGraphSupport(
+        architecture=settings.architecture,
+        linear_attention=label or settings.family,
+        linear_prefill_kernel=settings.linear_prefill_kernel,
+        attention_backend=settings.attention_backend,
+        capturing_attention_backends=capturing_attention_backends(
+            mla=settings.mla, sm=settings.sm
+        ),
+        reasons=tuple(reasons),
+        fixes=tuple(fixes),
+        violated=tuple(violated),
+    )
+
+
+def device_sm() -> int:
+    """The GPU's compute capability as sglang's platform probes report it (as
+    simulated by sglang_graphfix.cli.simulated_gpu); 0 off CUDA."""
+    platform = get_platform()
+    return int(platform.device_sm or 0) if platform.is_cuda else 0
+
+
+# ---- config time ----
+
+
+def _fused_accept_verify(cfg) -> bool:
+    """KDAAttnBackend._can_fuse_accept_state on the resolved arguments: the verify
+    kernel sglang resolves (resolve_linear_attn_backends: the flag, else decode's
+    FlashInfer, else Triton) is FlashInfer, with speculative decoding, no radix
+    cache, no replay-SSM ring and no PD disaggregation."""
+    decode = cfg.linear_attn_decode_backend or cfg.linear_attn_backend
+    verify = cfg.linear_attn_verify_backend or (
+        "flashinfer" if decode == "flashinfer" else "triton"
+    )
+    return (
+        verify == "flashinfer"
+        and cfg.speculative_algorithm is not None
+        and bool(cfg.disable_radix_cache)
+        and not cfg.enable_linear_replayssm_spec
+        and cfg.disaggregation_mode == "null"
+    )
+
+
+def settings_from_server_args(server_args: Any) -> Tuple[Settings, Optional[str]]:
+    """The facts from the (resolved so far) server arguments, and the family label."""
+    from sglang.srt.arg_groups.overrides import (
+        attention_backends_of,
+        model_config_of,
+        resolved_view,
+        resolving_view,
+        use_mla_backend,
+    )
+
+    cfg = resolving_view(server_args)
+    model_config = model_config_of(server_args)
+    family = linear_family_of_config(model_config)
+    kernel = None
+    if family is not None and family.name in ("GDN", "KDA"):
+        # Under a full prefill graph the automatic FlashInfer prefill defaults are
+        # off (GDN: ..layers.attention.linear.gdn_backend; KDA: upstream's
+        # flashinfer_kda_prefill_default), so the kernel is the one configured.
+        kernel = cfg.linear_attn_prefill_backend or cfg.linear_attn_backend
+    attention, _ = attention_backends_of(resolved_view(server_args))
+    settings = Settings(
+        architecture=model_config.hf_config.architectures[0],
+        family=family and family.name,
+        linear_prefill_kernel=kernel,
+        fused_accept_verify=_fused_accept_verify(cfg),
+        enable_mis=bool(cfg.enable_mis),
+        page_major_kv_layout=bool(
+            cfg.enable_page_major_kv_layout or cfg.enable_unified_memory
+        ),
+        kda_graph_extend_disabled=envs.SGLANG_DISABLE_KDA_PREFILL_GRAPH_EXTEND.get(),
+        attention_backend=attention,
+        mla=use_mla_backend(server_args),
+        sm=device_sm(),
+        dllm=cfg.dllm_algorithm is not None,
+    )
+    return settings, family_label(model_config)
+
+
+def full_prefill_graph_support(server_args: Any) -> FullPrefillGraphSupport:
+    """Config time: can a full prefill CUDA graph capture this model with the
+    settings resolved so far, on this GPU? The full-attention backend is judged
+    once known (set by the user, or after sglang resolves it)."""
+    settings, label = settings_from_server_args(server_args)
+    return judge(settings, label)
+
+
+# ---- capture time ----
+
+
+def _kernel_name(kernel) -> str:
+    if isinstance(kernel, (TritonGDNKernel, TritonKDAKernel)):
+        return "triton"
+    return type(kernel).__name__
+
+
+def settings_from_linear_backend(linear, prefill_runner=None) -> Settings:
+    """The facts from a live linear-attention backend (and, for the full-attention
+    side, from the prefill runner when there is one in hand)."""
+    family = linear_family_of_backend(linear)
+    dispatcher = getattr(linear, "kernel_dispatcher", None)
+    kernel = None
+    if family.name in ("GDN", "KDA") and dispatcher is not None:
+        kernel = _kernel_name(dispatcher.extend_kernel)
+    model_runner = getattr(prefill_runner, "model_runner", None)
+    attention = getattr(model_runner, "prefill_attention_backend_str", None)
+    return Settings(
+        architecture=type(linear).__name__,
+        family=family.name,
+        linear_prefill_kernel=kernel,
+        fused_accept_verify=getattr(linear, "accept_lens_pool", None) is not None,
+        enable_mis=bool(getattr(linear, "enable_mis", False)),
+        page_major_kv_layout=bool(get_memory().enable_page_major_kv_layout),
+        kda_graph_extend_disabled=envs.SGLANG_DISABLE_KDA_PREFILL_GRAPH_EXTEND.get(),
+        attention_backend=attention,
+        mla=bool(getattr(model_runner, "use_mla_backend", False)),
+        sm=device_sm(),
+        dllm=getattr(prefill_runner, "dllm_attention", None) is not None,
+    )
+
+
+def require_capturable_full_prefill_graph(linear, prefill_runner=None) -> None:
+    """Capture time: assert what config time decided. Raises ValueError naming
+    the conditions when the live backends cannot capture (resolution ran without
+    sglang-graphfix's rules, or predicted these facts wrongly)."""
+    support = judge(settings_from_linear_backend(linear, prefill_runner))
+    if support.capable:
+        return
+    keep = f" Or keep it: {'; '.join(support.fixes)}." if support.fixes else ""
+    raise ValueError(
+        f"Full prefill CUDA graph cannot capture this {support.linear_attention} "
+        f"extend ({type(linear).__name__}): {'; '.join(support.reasons)}. "
+        "sglang-graphfix refuses this configuration when the server arguments "
+        "resolve; `sglang-graphfix explain` with the same flags shows the plan. "
+        f"Use --cuda-graph-backend-prefill disabled (or breakable, where sglang's "
+        f"breakable rules accept the model) instead.{keep}"
+    )

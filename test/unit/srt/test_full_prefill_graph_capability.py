@@ -1,0 +1,309 @@
+"""The capability model of full prefill CUDA graphs, condition by condition:
+each one refused (explicit full) or downgraded (model default) when sglang's real
+server-argument resolution runs, as on the GPU chosen; and every refusal the
+capture-time code can make is made at config time first, before any weights
+load."""
+
+import contextlib
+import logging
+import pkgutil
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
+from sglang.srt.arg_groups.overrides import use_mla_backend as uses_mla
+from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
+from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
+from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
+from sglang.srt.layers.attention.linear.kernels.kda_triton import TritonKDAKernel
+from sglang.srt.layers.attention.linear.short_conv_backend import ShortConvAttnBackend
+from sglang.srt.layers.attention.linear.utils import resolve_linear_attn_backends
+from sglang.srt.model_executor.cuda_graph_config import Backend
+from sglang.srt.runtime_context import (
+    attention_backends,
+    create_context,
+    get_exec,
+    get_server_args,
+    use_context,
+)
+from sglang.srt.server_args import ServerArgs
+from sglang_graphfix.cli import simulated_gpu
+from sglang_graphfix.patches import PATCHES
+from sglang_graphfix.srt import full_prefill_graph_capability as capability
+from tiny_configs import write_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "layers" / "attention"))
+from gdn_stub import make_gdn  # noqa: E402
+from kda_stub import make_kda  # noqa: E402
+
+OURS = "sglang_graphfix.srt.arg_groups.cuda_graph_hook"
+GDN_PAGE_MAJOR = "--enable-page-major-kv-layout / --enable-unified-memory"
+KDA_SWITCH = capability.KDA_CONDITIONS[0].setting
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("configs")
+    families = ("qwen3_next", "kimi_linear", "nemotron_h", "lfm2", "llama")
+    return {family: write_config(family, root / family) for family in families}
+
+
+# One configuration per condition (Condition.setting, or the family that never
+# captures): (family, server flags, environment, KDA switch, GPU).
+CASES = {
+    "--linear-attn-prefill-backend": ("qwen3_next", {"linear_attn_prefill_backend": "flashinfer"}, {}, True, "h200"),
+    "--enable-mis": ("qwen3_next", {"enable_mis": True, "attention_backend": "flashinfer"}, {}, True, "h200"),
+    GDN_PAGE_MAJOR: ("qwen3_next", {"enable_unified_memory": True}, {}, True, "h200"),
+    KDA_SWITCH: ("kimi_linear", {}, {}, False, "h200"),
+    "SGLANG_DISABLE_KDA_PREFILL_GRAPH_EXTEND": ("kimi_linear", {}, {"SGLANG_DISABLE_KDA_PREFILL_GRAPH_EXTEND": "1"}, True, "h200"),
+    "--linear-attn-verify-backend": ("kimi_linear", {"speculative_algorithm": "NGRAM", "disable_radix_cache": True, "linear_attn_verify_backend": "flashinfer"}, {}, True, "h200"),
+    "--attention-backend": ("qwen3_next", {"attention_backend": "triton"}, {}, True, "h200"),
+    "--attention-backend (GPU architecture)": ("kimi_linear", {"attention_backend": "fa3"}, {}, True, "a100"),
+    "Mamba2/short-conv": ("nemotron_h", {}, {}, True, "h200"),
+}  # fmt: skip
+# The same family through its short-conv backend (LFM2: ShortConvAttnBackend).
+EXTRA_CASES = {"Mamba2/short-conv (LFM2)": ("lfm2", {}, {}, True, "h200")}
+# Refusals without a tiny config to resolve: the family-level refusal is the
+# code path the Mamba2/short-conv cases take.
+NO_SAMPLE = {"Lightning", "registry-defined"}
+# Upstream's handle_multi_item_scoring turns every CUDA graph off under
+# --enable-mis, explicit ones included: the capture is never reached.
+UPSTREAM_TURNS_OFF = {"--enable-mis"}
+# The two linear kernels the same Condition covers for GDN and for KDA.
+KDA_KERNEL_CASE = ("kimi_linear", {"linear_attn_prefill_backend": "flashinfer"}, {}, True, "h200")  # fmt: skip
+ALL_CASES = {
+    **CASES,
+    **EXTRA_CASES,
+    "--linear-attn-prefill-backend (KDA)": KDA_KERNEL_CASE,
+}
+
+
+def _setting(case_id):
+    return case_id.split(" (")[0] if case_id.endswith(("(LFM2)", "(KDA)")) else case_id
+
+
+@contextlib.contextmanager
+def case_env(monkeypatch, case):
+    _, _, env, kda_switch, _ = case
+    with monkeypatch.context() as m:
+        for name, value in env.items():
+            m.setenv(name, value)
+        m.setattr(capability, "KDA_FULL_PREFILL_GRAPH", kda_switch)
+        yield
+
+
+def resolve(model_dirs, case, *, model_default_full=False, full=True):
+    family, kwargs, _, _, gpu = case
+    if full and not model_default_full:
+        kwargs = {**kwargs, "cuda_graph_backend_prefill": "full"}
+    args = ServerArgs(model_path=model_dirs[family], **kwargs)
+    if model_default_full:  # as Inkling's apply_inkling_prefill_cuda_graph_default
+        declare_resolution(
+            args, "test_model_default", cuda_graph_backend_prefill="full"
+        )
+    with simulated_gpu(gpu):
+        args.resolve_once()
+    return args
+
+
+def prefill_backend(args):
+    return resolving_view(args).cuda_graph_config.prefill.backend
+
+
+def expected_support(case_id):
+    """The reason and the fix the table gives for this case's condition."""
+    setting = _setting(case_id)
+    for condition in capability.KDA_CONDITIONS + capability.GDN_CONDITIONS + capability.ATTENTION_CONDITIONS:  # fmt: skip
+        if condition.setting == setting:
+            return condition
+    return None
+
+
+@pytest.mark.parametrize("case_id", sorted(ALL_CASES))
+def test_explicit_full_is_refused_at_config_time(model_dirs, monkeypatch, case_id):
+    case = ALL_CASES[case_id]
+    with case_env(monkeypatch, case):
+        if case_id in UPSTREAM_TURNS_OFF:
+            assert prefill_backend(resolve(model_dirs, case)) == Backend.DISABLED
+            return
+        with pytest.raises(ValueError) as err:
+            resolve(model_dirs, case)
+    message = str(err.value)
+    assert "The full prefill CUDA graph requested" in message
+    assert "--cuda-graph-backend-prefill disabled" in message
+    if case_id == "--linear-attn-prefill-backend":
+        assert "not flashinfer" in message
+        assert "set --linear-attn-prefill-backend triton" in message
+    if case_id == "SGLANG_DISABLE_KDA_PREFILL_GRAPH_EXTEND":
+        assert "unset SGLANG_DISABLE_KDA_PREFILL_GRAPH_EXTEND" in message
+    if case_id == "--linear-attn-verify-backend":
+        assert "set --linear-attn-verify-backend triton" in message
+    if case_id == GDN_PAGE_MAJOR:
+        assert "page-major KV layout" in message
+    if case_id == KDA_SWITCH or case_id.startswith("Mamba2"):
+        assert "has no capturable extend" in message
+
+
+@pytest.mark.parametrize("case_id", sorted(ALL_CASES))
+def test_model_default_full_is_downgraded_with_one_warning(
+    model_dirs, monkeypatch, caplog, case_id
+):
+    case = ALL_CASES[case_id]
+    with case_env(monkeypatch, case), caplog.at_level(logging.WARNING):
+        args = resolve(model_dirs, case, model_default_full=True)
+    ours = [r.getMessage() for r in caplog.records if r.name == OURS]
+    if case_id in UPSTREAM_TURNS_OFF:
+        assert prefill_backend(args) == Backend.DISABLED and not ours
+        return
+    # sglang's own breakable rules keep KDA models off the breakable graph
+    kda = case[0] == "kimi_linear"
+    assert prefill_backend(args) == (Backend.DISABLED if kda else Backend.BREAKABLE)
+    assert len(ours) == 1, ours
+    assert "test_model_default" in ours[0] and "cannot be captured here" in ours[0]
+
+
+def test_every_capture_time_refusal_has_a_config_time_case():
+    """The capture-time check refuses only what the table names: each condition
+    of a family or of the attention side, and each family that never captures."""
+    refusals = {c.setting for f in capability.LINEAR_FAMILIES for c in f.conditions}
+    refusals |= {c.setting for c in capability.ATTENTION_CONDITIONS}
+    refusals |= {f.name for f in capability.LINEAR_FAMILIES if not f.captures}
+    assert refusals == set(CASES) | NO_SAMPLE
+
+
+@contextlib.contextmanager
+def upstream_resolution(monkeypatch):
+    """sglang-graphfix's config-time hook unwrapped: upstream's resolution only
+    (the capture-time checks stay, as in a process that resolved without it)."""
+    with monkeypatch.context() as m:
+        for patch in PATCHES:
+            if patch.target.startswith("sglang.srt.arg_groups."):
+                owner, name = patch.target.rsplit(".", 1)
+                module = pkgutil.resolve_name(owner)
+                m.setattr(module, name, getattr(module, name).__wrapped__)
+        yield
+
+
+class _Kernel:
+    """A non-Triton extend kernel, named as sglang's backend choice."""
+
+
+def live_linear_backend(family):
+    """The linear backend sglang builds for ``family`` from the published context:
+    its extend kernel (resolve_linear_attn_backends), the fused-accept pool
+    (KDAAttnBackend._can_fuse_accept_state) and --enable-mis, as __init__ sets them."""
+    backends = resolve_linear_attn_backends()
+    if family in ("qwen3_next", "kimi_linear"):
+        triton = TritonGDNKernel if family == "qwen3_next" else TritonKDAKernel
+        kernel = triton() if backends.prefill.is_triton() else _Kernel()
+        if family == "qwen3_next":
+            return make_gdn(kernel, enable_mis=get_exec().features.enable_mis)
+        kda = make_kda(kernel)
+        if KDAAttnBackend._can_fuse_accept_state(backends.verify):
+            kda.accept_lens_pool = torch.ones(4, dtype=torch.int32)
+        return kda
+    cls = ShortConvAttnBackend if family == "lfm2" else Mamba2AttnBackend
+    return cls.__new__(cls)
+
+
+def prefill_runner():
+    """What the full prefill runner holds: the model runner's resolved prefill
+    attention backend and MLA flag."""
+    return SimpleNamespace(
+        model_runner=SimpleNamespace(
+            prefill_attention_backend_str=attention_backends()[0],
+            use_mla_backend=uses_mla(get_server_args()),
+        ),
+        dllm_attention=None,
+    )
+
+
+@pytest.mark.parametrize("case_id", sorted(ALL_CASES))
+def test_config_time_refuses_every_config_capture_time_would(
+    model_dirs, monkeypatch, case_id
+):
+    """Resolved by upstream alone, the configuration keeps its full prefill graph
+    and the capture-time check on the live backends refuses it, naming the same
+    condition that config time refuses it for (the test above)."""
+    case = ALL_CASES[case_id]
+    with case_env(monkeypatch, case), upstream_resolution(monkeypatch):
+        args = resolve(model_dirs, case)
+        if case_id in UPSTREAM_TURNS_OFF:
+            assert prefill_backend(args) == Backend.DISABLED  # never captured
+            return
+        assert prefill_backend(args) == Backend.FULL
+        with simulated_gpu(case[4]):
+            context = create_context(args, role="scheduler")
+            with use_context(context):
+                linear = live_linear_backend(case[0])
+                support = capability.judge(
+                    capability.settings_from_linear_backend(linear, prefill_runner())
+                )
+                with pytest.raises(ValueError, match="cannot capture"):
+                    capability.require_capturable_full_prefill_graph(
+                        linear, prefill_runner()
+                    )
+    assert _setting(case_id).split(" (LFM2)")[0] in support.violated
+
+
+# ---- advice that works on the GPU chosen ----
+
+
+@pytest.mark.parametrize(
+    "family, gpu, advised",
+    [
+        ("qwen3_next", "h200", "fa3 / fa4 / flashinfer"),
+        ("qwen3_next", "h100", "fa3 / fa4 / flashinfer"),
+        ("qwen3_next", "a100", "fa3 / flashinfer"),  # fa4: Hopper/Blackwell
+        ("kimi_linear", "h200", "fa3 / fa4"),
+        ("kimi_linear", "h100", "fa3 / fa4"),
+        ("kimi_linear", "a100", None),  # fa3 asserts SM90 for MLA models
+    ],
+)
+def test_attention_advice_names_only_backends_of_this_gpu(
+    model_dirs, family, gpu, advised
+):
+    case = (family, {"attention_backend": "triton"}, {}, True, gpu)
+    with pytest.raises(ValueError) as err:
+        resolve(model_dirs, case)
+    message = str(err.value)
+    if advised:
+        assert f"set --attention-backend {advised}." in message
+    else:
+        assert "--attention-backend fa" not in message
+        assert "no attention backend that sglang runs on sm80" in message
+        assert message.endswith("Use --cuda-graph-backend-prefill disabled instead.")
+
+
+@pytest.mark.parametrize("gpu", ["h200", "h100", "a100"])
+def test_fa3_on_an_mla_model_is_judged_on_the_gpu(model_dirs, gpu):
+    """sglang's fa3 factory asserts SM90 for MLA models: a full graph on
+    Kimi-Linear with fa3 captures on Hopper and is refused on an A100."""
+    case = ("kimi_linear", {"attention_backend": "fa3"}, {}, True, gpu)
+    if gpu != "a100":
+        assert prefill_backend(resolve(model_dirs, case)) == Backend.FULL
+        return
+    with pytest.raises(ValueError, match="does not run MLA models on sm80"):
+        resolve(model_dirs, case)
+
+
+@pytest.mark.parametrize("gpu", ["h200", "a100"])
+def test_fa3_on_an_mha_model_captures_on_ampere_and_hopper(model_dirs, gpu):
+    case = ("qwen3_next", {"attention_backend": "fa3"}, {}, True, gpu)
+    assert prefill_backend(resolve(model_dirs, case)) == Backend.FULL
+
+
+def test_the_model_reads_the_gpu_from_sglangs_platform_probes(model_dirs):
+    args = ServerArgs(model_path=model_dirs["kimi_linear"], attention_backend="fa3")
+    with simulated_gpu("a100"):
+        support = capability.full_prefill_graph_support(args)
+        assert not support.capable and support.capturing_attention_backends == ()
+    with simulated_gpu("h100"):
+        support = capability.full_prefill_graph_support(args)
+        assert support.capable and support.capturing_attention_backends == (
+            "fa3",
+            "fa4",
+        )
