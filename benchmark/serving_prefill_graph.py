@@ -107,6 +107,13 @@ def qwen3_next_80b_a3b_fp8(path: Path, layers: int = 48) -> None:
         "fmt": "e4m3",
         "quant_method": "fp8",
         "weight_block_size": [128, 128],
+        # As the published FP8 checkpoint: the GDN b/a projection (32 + 32
+        # outputs) and the shared-expert gate (1) are not block-quantized.
+        "modules_to_not_convert": [
+            f"model.layers.{i}.{name}"
+            for i in range(layers)
+            for name in ("linear_attn.in_proj_ba", "mlp.shared_expert_gate")
+        ],
     }
     config.save_pretrained(path)
     add_qwen3_next_layout(path)
@@ -183,8 +190,8 @@ LOG_FACTS = {
     "kv_cache_gb": r"KV size: ([\d.]+) GB",
     "prefill_graph_capture_s": r"Capture target prefill CUDA graph end\. elapsed=([\d.]+) s",
     "prefill_graph_gb": r"Capture target prefill CUDA graph end\..*?mem usage=([\d.]+) GB",
-    "decode_graph_capture_s": r"Capture target decode \S+ end\..*?elapsed=([\d.]+) s",
-    "decode_graph_gb": r"Capture target decode \S+ end\..*?mem usage=([\d.]+) GB",
+    "decode_graph_capture_s": r"Capture target decode .*? end\..*?elapsed=([\d.]+) s",
+    "decode_graph_gb": r"Capture target decode .*? end\..*?mem usage=([\d.]+) GB",
     "avail_after_kv_gb": r"KV size: [\d.]+ GB, avail mem=([\d.]+) GB",
 }
 

@@ -110,13 +110,18 @@ def register() -> None:
             OFF_SWITCH,
         )
         return
-    from sglang_graphfix import patches
-
     try:
+        # The guard lives with the patches: a package whose patch modules do not
+        # import (a broken install, a missing sglang module) has no guard either.
+        from sglang_graphfix import patches
+
         patches.install_guard()
     except Exception as exc:
         message = refusal_message(
-            RuntimeError(f"Its start-up guard could not be installed ({exc}).")
+            RuntimeError(
+                "Its start-up guard could not be installed "
+                f"({type(exc).__name__}: {exc})."
+            )
         )
         announce(logging.ERROR, "%s", message)
         raise SystemExit(message) from exc

@@ -218,6 +218,21 @@ def test_guard_that_cannot_be_installed_exits_through_sglangs_loader(
         sglang_plugins.load_plugins()
 
 
+def test_patch_modules_that_fail_to_import_exit_through_sglangs_loader(
+    monkeypatch, fresh_loader
+):
+    """A patch module that does not import (seen on the H200: a source file with
+    merge markers) leaves no guard: register raises SystemExit, so the server
+    cannot start silently without its fixes."""
+    monkeypatch.setattr(sglang_graphfix, "_registered", False)
+    monkeypatch.delattr(sglang_graphfix, "patches")
+    monkeypatch.setitem(sys.modules, "sglang_graphfix.patches", None)
+    with pytest.raises(
+        SystemExit, match="start-up guard could not be installed .ModuleNotFoundError"
+    ):
+        sglang_plugins.load_plugins()
+
+
 def test_other_sglang_version_logs_error_and_does_not_refuse(
     monkeypatch, fresh_loader, caplog, capsys
 ):
