@@ -201,9 +201,23 @@ def assert_graph_matches_eager(report: dict) -> None:
         assert f["max_logprob_diff"] <= report["tolerance"], f
 
 
+def _provenance() -> dict:
+    """benchmark/provenance.py's record (commit + dirty flag, versions, device,
+    date, command), loaded from its file: benchmark/ is not a package."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "graphfix_provenance", HERE.parents[1] / "benchmark" / "provenance.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.provenance()
+
+
 def write_result(name: str, payload: dict) -> None:
     out = Path(os.environ.get("OUT") or HERE / ".results")
     out.mkdir(parents=True, exist_ok=True)
+    payload = {"provenance": _provenance(), **payload}
     (out / f"{name}.json").write_text(
         json.dumps(payload, indent=2, sort_keys=True) + "\n"
     )
