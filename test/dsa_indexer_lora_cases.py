@@ -23,9 +23,10 @@ import re
 from types import SimpleNamespace
 
 import pytest
-import sglang.kernels.ops.quantization.act_quant_triton as act_quant_triton
 import torch
 from lora_head_gate_cases import prepare as prepare_lora_batch
+
+import sglang.kernels.ops.quantization.act_quant_triton as act_quant_triton
 from sglang.kernels.ops.lora.dense import chunked_sgmv_shrink
 from sglang.srt.layers.attention.dsa import dsa_indexer as upstream
 from sglang.srt.layers.attention.dsa import dsa_prefill_cuda_graph as split_ops
@@ -486,7 +487,6 @@ def _split_op_context(lora_ids):
     )
 
 
-
 # Every request on the adapter of slot 1, whose rank (4) is below the pool's.
 ONE_ADAPTER_REQUESTS = [(5, 1), (3, 1), (4, 1)]
 
@@ -501,8 +501,9 @@ def _merged_reference(slot, loras=None):
 
 def _one_adapter_gate(layer, x, q_scale=None):
     with _split_op_context(_lora_ids(ONE_ADAPTER_REQUESTS)):
-        return _indexer(layer)._get_logits_head_gate(x, _q_scale() if q_scale is None else q_scale)
-
+        return _indexer(layer)._get_logits_head_gate(
+            x, _q_scale() if q_scale is None else q_scale
+        )
 
 
 # --------------------------------------------------------------------------- #

@@ -65,9 +65,7 @@ def prepare_batch(backend, requests, adapters, *, graph):
     backend.batch_info.is_prefill = True
 
 
-def prepare(
-    backend_name, graph, requests, adapters, chunk=16, rows=None, device="cpu"
-):
+def prepare(backend_name, graph, requests, adapters, chunk=16, rows=None, device="cpu"):
     """A new backend with its batch info prepared as the LoRA manager does: the
     prefill-graph buffers (sized for ``rows`` tokens) or an eager batch info."""
     backend = lora_backend(backend_name, torch.device(device), chunk)
@@ -134,7 +132,9 @@ def run(
     if full:
         out = lora_head_gate(x, weight, a, b, info, **(kernel_kwargs or {}))
     else:
-        out = add_lora_head_gate_delta_(base.clone(), x, a, b, info, **(kernel_kwargs or {}))
+        out = add_lora_head_gate_delta_(
+            base.clone(), x, a, b, info, **(kernel_kwargs or {})
+        )
     ref, adapter_rows = reference(lambda slot: slot)
     others = torch.ones(rows, dtype=torch.bool, device=device)
     others[adapter_rows] = False

@@ -9,7 +9,6 @@ import logging
 import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
-from typing import Optional
 
 __version__ = "0.1.0"
 SUPPORTED_SGLANG = "0.5.23"
@@ -22,7 +21,7 @@ _registered = False
 # Why this process must not serve: the patch set is partial or missing. Read by
 # the start-up guard (patches.refuse_incomplete_patch_set), which raises it from
 # server-argument resolution, where sglang does not swallow it.
-_refusal: Optional[str] = None
+_refusal: str | None = None
 
 logger = logging.getLogger(__name__)
 

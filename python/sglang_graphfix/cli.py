@@ -29,7 +29,6 @@ import types
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
 from unittest import mock
 
 SAMPLE_CONFIGS = Path(__file__).resolve().parent / "sample_configs"
@@ -112,7 +111,7 @@ def simulated_gpu(gpu: str = "h200"):
 class _Records(logging.Handler):
     def __init__(self):
         super().__init__(logging.DEBUG)
-        self.records: List[logging.LogRecord] = []
+        self.records: list[logging.LogRecord] = []
 
     def emit(self, record):
         self.records.append(record)
@@ -160,13 +159,13 @@ class Plan:
     """What resolution decided, or the error that stops the server."""
 
     server_args: object
-    error: Optional[BaseException] = None
-    decisions: List[Tuple[str, str]] = field(default_factory=list)
-    log: List[logging.LogRecord] = field(default_factory=list)
-    outcome: Optional["Outcome"] = None
+    error: BaseException | None = None
+    decisions: list[tuple[str, str]] = field(default_factory=list)
+    log: list[logging.LogRecord] = field(default_factory=list)
+    outcome: Outcome | None = None
 
 
-def _decisions(server_args) -> List[Tuple[str, str]]:
+def _decisions(server_args) -> list[tuple[str, str]]:
     """sglang's resolution record (``_resolved_overrides``): each declaration that
     changed a CUDA-graph backend or an attention backend, in order."""
     out, graph = [], (None, None)
@@ -243,7 +242,7 @@ def graphfix_state() -> GraphfixState:
     return GraphfixState(True, True, "active")
 
 
-def _around_hook(wrapper) -> Tuple[object, object]:
+def _around_hook(wrapper) -> tuple[object, object]:
     """(hook, wrapped function) of a HookRegistry AROUND wrapper, whose closure
     holds both; (None, None) for anything else."""
     code = getattr(wrapper, "__code__", None)
@@ -253,7 +252,7 @@ def _around_hook(wrapper) -> Tuple[object, object]:
     return cells["hook"].cell_contents, cells["original_fn"].cell_contents
 
 
-def _graphfix_hooks() -> Dict[int, Tuple[object, str, object, object]]:
+def _graphfix_hooks() -> dict[int, tuple[object, str, object, object]]:
     """sglang-graphfix's hooks applied in this process: id(wrapper) -> (owner,
     name, wrapper, the upstream function it wraps)."""
     from sglang_graphfix.patches import PATCHES
@@ -333,7 +332,7 @@ class _OneLineParser(argparse.ArgumentParser):
         raise BadInput(message)
 
 
-def parse_sglang_args(sglang_argv: List[str]):
+def parse_sglang_args(sglang_argv: list[str]):
     """sglang's own server parser (prepare_server_args), its errors as BadInput
     instead of its usage text."""
     from sglang.srt.server_args import prepare_server_args
@@ -351,7 +350,7 @@ def parse_sglang_args(sglang_argv: List[str]):
 
 
 def resolve(
-    sglang_argv: List[str], gpu: str = "h200", *, graphfix: bool = True
+    sglang_argv: list[str], gpu: str = "h200", *, graphfix: bool = True
 ) -> Plan:
     """Parse ``sglang_argv`` with sglang's own server parser and resolve it as
     sglang does at launch (plugins loaded), as on ``gpu``: with sglang-graphfix's
@@ -390,7 +389,7 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def _graph_backends(server_args) -> Tuple[str, str]:
+def _graph_backends(server_args) -> tuple[str, str]:
     from sglang.srt.arg_groups.overrides import resolving_view
 
     graph = resolving_view(server_args).cuda_graph_config
@@ -411,7 +410,7 @@ def _refuses(error: BaseException) -> Outcome:
     )
 
 
-def upstream_full_prefill_graph_failure(server_args) -> Optional[str]:
+def upstream_full_prefill_graph_failure(server_args) -> str | None:
     """How upstream sglang 0.5.23 fails to capture a full prefill graph that its
     resolution let through (None: it captures). The first prefill capture plans a
     plain extend out of graph (PrefillCudaGraphRunner.capture_one_shape ->
@@ -474,7 +473,7 @@ class _DsaIndexerLora:
     prefill_cp: bool  # DSA prefill context parallelism
 
 
-def dsa_indexer_lora(server_args) -> Optional[_DsaIndexerLora]:
+def dsa_indexer_lora(server_args) -> _DsaIndexerLora | None:
     """LoRA targets on a DSA model's indexer, None without any. Reads the
     conditions sglang reads: is_deepseek_dsa, --lora-target-modules normalized as
     the LoRA manager does ('all' covers the indexer's projections), the indexer
@@ -517,7 +516,7 @@ _FUSION_REFUSAL = (
 )
 
 
-def _dsa_lora_upstream_failure(server_args) -> Optional[str]:
+def _dsa_lora_upstream_failure(server_args) -> str | None:
     from sglang.srt.layers.attention.dsa.dsa_prefill_cuda_graph import (
         GRAPH_WEIGHTS_PROJ_LORA_ERROR,
     )
@@ -546,7 +545,7 @@ def _dsa_lora_upstream_failure(server_args) -> Optional[str]:
     return None
 
 
-def _dsa_lora_graphfix(server_args) -> Tuple[Optional[str], Optional[str]]:
+def _dsa_lora_graphfix(server_args) -> tuple[str | None, str | None]:
     """(failure, how it runs) for LoRA on a DSA indexer with sglang-graphfix."""
     from sglang.srt.model_executor.cuda_graph_config import Backend
     from sglang_graphfix.srt.layers.attention.dsa.dsa_indexer import (
@@ -596,10 +595,10 @@ def graphfix_outcome(plan: Plan) -> Outcome:
     """What sglang 0.5.23 does with sglang-graphfix: its resolution decides the
     full prefill graph (refusing or downgrading what cannot capture), so only
     the DSA indexer LoRA paths it does not cover fail later."""
+    from sglang.srt.model_executor.cuda_graph_config import Backend
     from sglang_graphfix.srt.full_prefill_graph_capability import (
         full_prefill_graph_support,
     )
-    from sglang.srt.model_executor.cuda_graph_config import Backend
 
     if plan.error is not None:
         return _refuses(plan.error)
@@ -645,7 +644,7 @@ GRAPHFIX_LABEL = "with sglang-graphfix:"
 
 def render(
     upstream: Plan,
-    patched: Optional[Plan],
+    patched: Plan | None,
     *,
     state: GraphfixState,
     gpu: str,
@@ -773,7 +772,7 @@ def check_model_path(path: str, allow_download: bool) -> None:
     raise BadInput(f"--model-path {path}: no such directory{hub}")
 
 
-def samples() -> List[str]:
+def samples() -> list[str]:
     return sorted(
         p.name for p in SAMPLE_CONFIGS.iterdir() if (p / "config.json").exists()
     )
@@ -838,7 +837,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def explain(args, sglang_argv: List[str]) -> int:
+def explain(args, sglang_argv: list[str]) -> int:
     """Exit status: 0 when a server started here runs, 1 when it would refuse
     or fail at startup."""
     if args.model_path:
@@ -864,7 +863,7 @@ def explain(args, sglang_argv: List[str]) -> int:
     return 0 if here.outcome.runs else 1
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")  # import-time notices of sglang's quant modules
     words = sys.argv[1:] if argv is None else list(argv)
     try:

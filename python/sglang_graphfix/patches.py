@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 import pkgutil
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
 from sglang_graphfix.srt.arg_groups import cuda_graph_hook
 from sglang_graphfix.srt.layers.attention import hybrid_linear_attn_backend
 from sglang_graphfix.srt.layers.attention.dsa import dsa_indexer

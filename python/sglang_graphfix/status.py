@@ -17,17 +17,16 @@ import re
 import sys
 import textwrap
 from importlib.metadata import entry_points
-from typing import Dict, List, Optional
 
 ENTRY_POINT = "graphfix"
 HEADER_FIELDS = ("What", "Why", "How", "Upstream", "Removal")
 _SRT = "sglang.srt."
 
 
-def header(hook) -> Dict[str, str]:
+def header(hook) -> dict[str, str]:
     """The What / Why / How / Upstream / Removal lines that open a patch
     function (the comment block above its ``def``), each joined to one line."""
-    fields: Dict[str, str] = {}
+    fields: dict[str, str] = {}
     current = None
     for line in (inspect.getcomments(inspect.unwrap(hook)) or "").splitlines():
         text = line.lstrip("#").strip()
@@ -90,7 +89,7 @@ def patch_table(patches=None) -> str:
     row per patch, grouped by the upstream file it fixes."""
     from sglang_graphfix.patches import PATCHES
 
-    by_file: Dict[str, List[str]] = {}
+    by_file: dict[str, list[str]] = {}
     for patch in PATCHES if patches is None else patches:
         path, name = _split_target(patch.target)
         by_file.setdefault(path, []).append(f"`{name}` | `{patch.hook.__name__}` |")
@@ -101,13 +100,19 @@ def patch_table(patches=None) -> str:
     return "\n".join(rows)
 
 
-def report() -> tuple[List[str], bool]:
+def report() -> tuple[list[str], bool]:
     """Run sglang's load_plugins() as a server process does, then verify every
     patch. Returns the report's lines and whether every patch applied."""
     import sglang_graphfix
     from sglang_graphfix import SUPPORTED_SGLANG, graphfix_version, installed_sglang
-    from sglang_graphfix.patches import GUARD_TARGET, PATCHES, _lookup, hook_in_chain
-    from sglang_graphfix.patches import patch_applied, refuse_incomplete_patch_set
+    from sglang_graphfix.patches import (
+        GUARD_TARGET,
+        PATCHES,
+        _lookup,
+        hook_in_chain,
+        patch_applied,
+        refuse_incomplete_patch_set,
+    )
 
     found = installed_sglang()
     selected, why = selection()
@@ -164,7 +169,7 @@ def report() -> tuple[List[str], bool]:
     return lines, ok
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Exit status: 0 when every patch applied in this process, 1 otherwise
     (not installed, not selected, switched off, other sglang, or a patch
     missing)."""

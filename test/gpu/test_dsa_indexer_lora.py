@@ -575,9 +575,13 @@ def test_merged_gate_memory_is_reserved_at_startup_and_dropped_on_unload(dsa_pat
     reserved_at = _first(lines, RESERVED_LINE.search)
     kv_sized_at = _first(lines, lambda line: any(k in line for k in KV_SIZED))
     compiles = [i for i, line in enumerate(lines) if COMPILE_LINE in line]
-    dropped = [(i, m.groups()) for i, m in enumerate(map(DROPPED_LINE.search, lines)) if m]
+    dropped = [
+        (i, m.groups()) for i, m in enumerate(map(DROPPED_LINE.search, lines)) if m
+    ]
     slot_mb = 2 * INDEX_N_HEADS * HIDDEN * 2 / (1 << 20)  # two bf16 (N, K) halves
-    reserved = RESERVED_LINE.search(lines[reserved_at]) if reserved_at is not None else None
+    reserved = (
+        RESERVED_LINE.search(lines[reserved_at]) if reserved_at is not None else None
+    )
 
     def merged(after, before):
         key = "dsa_lora_merged"
@@ -600,7 +604,9 @@ def test_merged_gate_memory_is_reserved_at_startup_and_dropped_on_unload(dsa_pat
             "scale_compiles_at_lines": compiles,
             "dropped_lines": [lines[i] for i, _ in dropped],
             "seconds": {
-                s: marks[s].get("seconds") for s in ("first_wp", "second_wp") if s in marks
+                s: marks[s].get("seconds")
+                for s in ("first_wp", "second_wp")
+                if s in marks
             },
             "output_tail": output[-3000:],
         },
@@ -611,7 +617,8 @@ def test_merged_gate_memory_is_reserved_at_startup_and_dropped_on_unload(dsa_pat
     # Startup memory log: the reservation, its size, before the KV cache.
     assert reserved is not None, "no reservation line at log level info"
     assert kv_sized_at is not None and reserved_at < kv_sized_at, (
-        lines[reserved_at], kv_sized_at and lines[kv_sized_at]
+        lines[reserved_at],
+        kv_sized_at and lines[kv_sized_at],
     )
     total_mb, layers, slots, per_slot_mb = reserved.groups()
     assert (int(layers), int(slots)) == (NUM_LAYERS, 3), reserved.group(0)
@@ -625,7 +632,7 @@ def test_merged_gate_memory_is_reserved_at_startup_and_dropped_on_unload(dsa_pat
     assert merged("second_wp", "first_wp") >= NUM_LAYERS, marks
     # The unload dropped "wp"'s merged weights in every layer, and only then.
     assert len(dropped) == 1, dropped
-    (at, (_, dropped_layers)), = dropped
+    ((at, (_, dropped_layers)),) = dropped
     assert marks["second_wp"]["line"] < at < marks["unloaded"]["line"], at
     assert int(dropped_layers) == NUM_LAYERS, dropped
     # The other adapter still merges into the reservation after the unload.

@@ -8,10 +8,10 @@ after a warm-up (compiled kernels only)."""
 import statistics
 import time
 
+import linear_prefill_table_cases as cases
 import pytest
 import torch
 from engine_utils import write_result
-import linear_prefill_table_cases as cases
 
 RESULTS = {}
 

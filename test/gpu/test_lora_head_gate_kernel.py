@@ -10,9 +10,12 @@ import pytest
 import torch
 from engine_utils import write_result
 from lora_head_gate_cases import VARIANTS, case, prepare, run
-from sglang_graphfix_kernel.lora_head_gate import add_lora_head_gate_delta_, lora_head_gate
 
 from sglang.kernels.ops.lora.dense import chunked_sgmv_shrink
+from sglang_graphfix_kernel.lora_head_gate import (
+    add_lora_head_gate_delta_,
+    lora_head_gate,
+)
 
 # 4501 tokens, two requests without an adapter.
 REQUESTS = [(1500, 1), (300, 0), (2000, 2), (1, 1), (700, 0)]
@@ -70,7 +73,9 @@ def test_split_k_is_deterministic(kernel):
 
     def gate(split_k):
         if kernel == "delta":
-            return add_lora_head_gate_delta_(base.clone(), x, a, b, info, split_k=split_k)
+            return add_lora_head_gate_delta_(
+                base.clone(), x, a, b, info, split_k=split_k
+            )
         return lora_head_gate(x, w, a, b, info, split_k=split_k)
 
     first = gate(8)
@@ -78,7 +83,11 @@ def test_split_k_is_deterministic(kernel):
     other_order = not torch.equal(gate(4), first)
     write_result(
         f"lora_head_gate_split_k_determinism_{kernel}",
-        {"launches": 50, "differing": differing, "split4_differs_from_split8": other_order},
+        {
+            "launches": 50,
+            "differing": differing,
+            "split4_differs_from_split8": other_order,
+        },
     )
     assert differing == 0
     if kernel == "whole_gate":

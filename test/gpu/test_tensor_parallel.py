@@ -36,11 +36,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import torch
-
 import test_dsa_indexer_lora as dsa
 import test_hybrid_full_prefill_graph as gdn
 import test_kimi_linear_full_prefill_graph as kda
+import torch
 from engine_utils import (
     PROBE_PATH,
     assert_graph_matches_eager,
@@ -222,7 +221,9 @@ def test_dsa_lora_breakable_graph_matches_eager_at_tp2(dsa_runs):
         name: compare(eager[1 + i], graph[f"with_{name}"], tol=dsa.TOL)
         for i, name in enumerate(dsa.ADAPTERS)
     }
-    write_result("tp2_dsa_lora_graph_vs_eager", {"head_gate_calls": gate_calls, **reports})
+    write_result(
+        "tp2_dsa_lora_graph_vs_eager", {"head_gate_calls": gate_calls, **reports}
+    )
     # The split op served the LoRA head gate on both ranks (upstream refuses).
     assert gate_calls > 0 and gate_calls % TP == 0, gate_calls
     for report in reports.values():
@@ -266,11 +267,17 @@ def test_dsa_lora_mixed_and_two_adapter_batches_at_tp2(dsa_runs):
 def test_dsa_lora_tp2_matches_tp1(dsa_runs):
     tp2, tp1 = dsa_runs["graph"], dsa_runs["one_gpu"]
     names = list(dsa.ADAPTERS)
-    reports = {n: compare(tp1[1 + i], tp2[f"with_{n}"], tol=DSA_TP_TOL) for i, n in enumerate(names)}
+    reports = {
+        n: compare(tp1[1 + i], tp2[f"with_{n}"], tol=DSA_TP_TOL)
+        for i, n in enumerate(names)
+    }
     # The control: each adapter's tp_size=2 outputs against the other adapter's
     # tp_size=1 outputs.
     swapped = compare(tp1[1 + names.index("full")], tp2["with_wp"], tol=DSA_TP_TOL)
-    write_result("tp2_vs_tp1_dsa_lora", {**reports, "swapped_control": swapped, "tolerance": DSA_TP_TOL})
+    write_result(
+        "tp2_vs_tp1_dsa_lora",
+        {**reports, "swapped_control": swapped, "tolerance": DSA_TP_TOL},
+    )
     assert diverged(swapped), swapped
     for report in reports.values():
         assert report["compared_steps"] > 0 and not report["mismatches"], report
@@ -313,7 +320,9 @@ def _cuda_pids(root_pid):
     return sorted(pids)
 
 
-def test_launch_server_tp2_applies_the_plugin_in_every_scheduler(qwen3_next_path, tmp_path):
+def test_launch_server_tp2_applies_the_plugin_in_every_scheduler(
+    qwen3_next_path, tmp_path
+):
     from sglang_graphfix.patches import PATCHES
 
     (tmp_path / "site").mkdir()
@@ -334,12 +343,16 @@ def test_launch_server_tp2_applies_the_plugin_in_every_scheduler(qwen3_next_path
     ]  # fmt: skip
     captures = probe_count("gdn_graph_capture")
     with log.open("w") as out:
-        server = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        server = subprocess.Popen(
+            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         deadline, ready = time.time() + 480, False
         while time.time() < deadline and server.poll() is None:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health_generate", timeout=10) as r:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/health_generate", timeout=10
+                ) as r:
                     ready = r.status == 200
             except OSError:
                 pass

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from tiny_configs import FAMILIES, write_config
 
+import sglang_graphfix
 from sglang.srt.arg_groups.overrides import model_config_of
 from sglang.srt.server_args import ServerArgs
-import sglang_graphfix
 from sglang_graphfix import cli
 from sglang_graphfix.srt.full_prefill_graph_capability import family_label
 

@@ -17,8 +17,9 @@ backends); ``judge`` evaluates the table on them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Tuple
+from typing import Any
 
 from sglang.srt.configs.hybrid_arch import (
     hybrid_gdn_config,
@@ -58,13 +59,13 @@ class Settings:
     (settings_from_linear_backend)."""
 
     architecture: str
-    family: Optional[str] = None  # LinearFamily.name; None: no linear attention
-    linear_prefill_kernel: Optional[str] = None  # GDN/KDA extend kernel
+    family: str | None = None  # LinearFamily.name; None: no linear attention
+    linear_prefill_kernel: str | None = None  # GDN/KDA extend kernel
     fused_accept_verify: bool = False  # KDA's FlashInfer verify stages state
     enable_mis: bool = False
     page_major_kv_layout: bool = False
     kda_graph_extend_disabled: bool = False  # SGLANG_DISABLE_KDA_PREFILL_GRAPH_EXTEND
-    attention_backend: Optional[str] = None  # prefill; None: not known here
+    attention_backend: str | None = None  # prefill; None: not known here
     mla: bool = False
     sm: int = 0  # compute capability as sglang's platform probe reports it; 0: unknown
     dllm: bool = False
@@ -78,7 +79,7 @@ class Condition:
     setting: str
     violated: Callable[[Settings], bool]
     reason: Callable[[Settings], str]
-    fix: Optional[Callable[[Settings], Optional[str]]] = None  # keeps the full graph
+    fix: Callable[[Settings], str | None] | None = None  # keeps the full graph
 
 
 @dataclass(frozen=True)
@@ -89,9 +90,9 @@ class LinearFamily:
 
     name: str
     recognises: Callable[[Any], bool]  # on a ModelConfig
-    backends: Tuple[type, ...]
+    backends: tuple[type, ...]
     captures: bool  # whether a full prefill graph captures its extend at all
-    conditions: Tuple[Condition, ...] = ()
+    conditions: tuple[Condition, ...] = ()
 
 
 def _triton_kernel(family: str) -> Condition:
@@ -194,7 +195,7 @@ LINEAR_FAMILIES = (
 _FAMILIES = {family.name: family for family in LINEAR_FAMILIES}
 
 
-def linear_family_of_config(model_config) -> Optional[LinearFamily]:
+def linear_family_of_config(model_config) -> LinearFamily | None:
     """The family sglang builds for this model config, None without linear attention."""
     return next((f for f in LINEAR_FAMILIES if f.recognises(model_config)), None)
 
@@ -208,7 +209,7 @@ def linear_family_of_backend(linear) -> LinearFamily:
     )
 
 
-def family_label(model_config) -> Optional[str]:
+def family_label(model_config) -> str | None:
     """The family as explain and the messages name it (a registry-defined one
     with its backend class)."""
     family = linear_family_of_config(model_config)
@@ -261,7 +262,7 @@ def attention_backend_advised(backend: str, *, mla: bool, sm: int) -> bool:
     return backend != "fa4" or not sm or sm // 10 in (9, 10)
 
 
-def capturing_attention_backends(*, mla: bool, sm: int) -> Tuple[str, ...]:
+def capturing_attention_backends(*, mla: bool, sm: int) -> tuple[str, ...]:
     """The attention backends to advise for a full prefill graph on this GPU."""
     capable = (
         FULL_PREFILL_MLA_ATTENTION_BACKENDS if mla else FULL_PREFILL_ATTENTION_BACKENDS
@@ -269,7 +270,7 @@ def capturing_attention_backends(*, mla: bool, sm: int) -> Tuple[str, ...]:
     return tuple(b for b in capable if attention_backend_advised(b, mla=mla, sm=sm))
 
 
-def _keep_full_with_attention(s: Settings) -> Optional[str]:
+def _keep_full_with_attention(s: Settings) -> str | None:
     advised = capturing_attention_backends(mla=s.mla, sm=s.sm)
     return "set --attention-backend " + " / ".join(advised) if advised else None
 
@@ -325,13 +326,13 @@ class FullPrefillGraphSupport:
     """Whether a full prefill CUDA graph can capture this configuration, and why not."""
 
     architecture: str
-    linear_attention: Optional[str]  # the linear-attention family, None without one
-    linear_prefill_kernel: Optional[str]  # kernel of a GDN/KDA extend, else None
-    attention_backend: Optional[str]  # prefill full-attention backend; None: unresolved
-    capturing_attention_backends: Tuple[str, ...] = ()  # advised for this model and GPU
-    reasons: Tuple[str, ...] = ()  # empty: capable
-    fixes: Tuple[str, ...] = ()  # flags that keep the full graph, where one exists
-    violated: Tuple[str, ...] = field(default=(), compare=False)  # Condition.setting
+    linear_attention: str | None  # the linear-attention family, None without one
+    linear_prefill_kernel: str | None  # kernel of a GDN/KDA extend, else None
+    attention_backend: str | None  # prefill full-attention backend; None: unresolved
+    capturing_attention_backends: tuple[str, ...] = ()  # advised for this model and GPU
+    reasons: tuple[str, ...] = ()  # empty: capable
+    fixes: tuple[str, ...] = ()  # flags that keep the full graph, where one exists
+    violated: tuple[str, ...] = field(default=(), compare=False)  # Condition.setting
 
     @property
     def capable(self) -> bool:
@@ -348,7 +349,7 @@ class FullPrefillGraphSupport:
         )
 
 
-def conditions_for(settings: Settings) -> Tuple[Condition, ...]:
+def conditions_for(settings: Settings) -> tuple[Condition, ...]:
     """Every condition that applies to these settings: the linear family's, and
     the full-attention backend's once it is known (dLLM backends plan their own
     prefill-graph metadata)."""
@@ -359,7 +360,7 @@ def conditions_for(settings: Settings) -> Tuple[Condition, ...]:
     return conditions
 
 
-def judge(settings: Settings, label: Optional[str] = None) -> FullPrefillGraphSupport:
+def judge(settings: Settings, label: str | None = None) -> FullPrefillGraphSupport:
     """The verdict of the table on these settings."""
     reasons, fixes, violated = [], [], []
     family = _FAMILIES.get(settings.family)
@@ -416,7 +417,7 @@ def _fused_accept_verify(cfg) -> bool:
     )
 
 
-def settings_from_server_args(server_args: Any) -> Tuple[Settings, Optional[str]]:
+def settings_from_server_args(server_args: Any) -> tuple[Settings, str | None]:
     """The facts from the (resolved so far) server arguments, and the family label."""
     from sglang.srt.arg_groups.overrides import (
         attention_backends_of,

@@ -23,7 +23,7 @@ Triton's interpreter in a fresh process (test/unit/sgl_kernel).
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 import triton
@@ -195,7 +195,7 @@ def fill_linear_prefill_tables(
     extend_seq_lens: torch.Tensor,
     extend_prefix_lens: torch.Tensor,
     slots: torch.Tensor,
-    track: Optional[TrackInputs],
+    track: TrackInputs | None,
     constants: TableConstants,
 ) -> None:
     """Fill ``tables`` for the first ``bs`` rows of the batch tensors: one

@@ -128,7 +128,9 @@ def _expand_add(
 
 
 @triton.jit
-def _store_partial(acc, part_ptr, rows, row_ok, split, stride_part, WIDTH: tl.constexpr):
+def _store_partial(
+    acc, part_ptr, rows, row_ok, split, stride_part, WIDTH: tl.constexpr
+):
     offs = tl.arange(0, WIDTH)
     ptrs = part_ptr + split * stride_part + rows[:, None] * WIDTH + offs[None, :]
     tl.store(ptrs, acc, mask=row_ok[:, None])
@@ -233,7 +235,9 @@ def _lora_head_gate_kernel(
         for k0 in range(k_begin, k_end, BLOCK_K):
             k_ok = offs_k < k_end - (k0 - k_begin)
             x_tile = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            w_tile = tl.load(w_ptrs, mask=k_ok[:, None] & (offs_n < N)[None, :], other=0.0)
+            w_tile = tl.load(
+                w_ptrs, mask=k_ok[:, None] & (offs_n < N)[None, :], other=0.0
+            )
             a_tile = tl.load(
                 a_ptrs, mask=k_ok[:, None] & (offs_r < rank)[None, :], other=0.0
             )
@@ -246,7 +250,9 @@ def _lora_head_gate_kernel(
         if SPLIT_K > 1:
             tile = tl.program_id(1) * (tl.num_programs(0) // SPLIT_K) + block
             _store_partial(acc, part_ptr, rows, row_ok, split, stride_part, BLOCK_N)
-            _store_partial(acc_r, part_r_ptr, rows, row_ok, split, stride_part_r, BLOCK_R)
+            _store_partial(
+                acc_r, part_r_ptr, rows, row_ok, split, stride_part_r, BLOCK_R
+            )
             is_last = _is_last_split(counter_ptr + tile, SPLIT_K)
             if is_last:
                 acc = _sum_partials(
@@ -288,7 +294,12 @@ def _counters(n: int, device: torch.device) -> torch.Tensor:
 def request_segments(batch_info):
     """(seg_indptr, weight_indices, count, max rows) of the batch's requests."""
     if batch_info.req_seg_indptr is not None:  # csgmv
-        return batch_info.req_seg_indptr, batch_info.req_weight_indices, batch_info.bs, None
+        return (
+            batch_info.req_seg_indptr,
+            batch_info.req_weight_indices,
+            batch_info.bs,
+            None,
+        )
     assert batch_info.permutation is None, "segments must be whole requests"
     count = batch_info.num_segments or batch_info.bs
     return batch_info.seg_indptr, batch_info.weight_indices, count, batch_info.max_len
@@ -393,8 +404,12 @@ def lora_head_gate(
     k_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     part = part_r = out
     if split_k > 1:
-        part = torch.empty((split_k, tokens, block_n), dtype=torch.float32, device=x.device)
-        part_r = torch.empty((split_k, tokens, block_r), dtype=torch.float32, device=x.device)
+        part = torch.empty(
+            (split_k, tokens, block_n), dtype=torch.float32, device=x.device
+        )
+        part_r = torch.empty(
+            (split_k, tokens, block_r), dtype=torch.float32, device=x.device
+        )
     # One more segment: graph padding rows past the last request (base only).
     _lora_head_gate_kernel[(row_blocks * split_k, count + 1)](
         x, weight, lora_a, lora_b, out, part, part_r,

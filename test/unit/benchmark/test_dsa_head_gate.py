@@ -13,6 +13,7 @@ from dsa_indexer_lora_cases import (
     MERGED_GEMM_CALLS,
     cpu_stand_ins,  # noqa: F401  (autouse)
 )
+
 from sglang.srt.layers.linear import ReplicatedLinear
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -82,7 +83,9 @@ def test_benchmark_checks_csgmv_rank16_then_rank64(monkeypatch, fresh_kernel):
 
 def test_benchmark_checks_triton_backend():
     bench = _benchmark()
-    for rank, plain, lora_indexer, gen in _benchmark_setup(bench, "triton", bench.RANKS):
+    for rank, plain, lora_indexer, gen in _benchmark_setup(
+        bench, "triton", bench.RANKS
+    ):
         check = bench._check(plain, lora_indexer, torch.device("cpu"), gen)
         assert check["pass"], check
 
@@ -99,7 +102,9 @@ class _StateTimer:
     @staticmethod
     def _launches():
         return (
-            len(FUSED_DELTA_CALLS) + 10 * len(FULL_GATE_CALLS) + 100 * len(MERGED_GEMM_CALLS)
+            len(FUSED_DELTA_CALLS)
+            + 10 * len(FULL_GATE_CALLS)
+            + 100 * len(MERGED_GEMM_CALLS)
         )
 
     def _call(self, fn):
@@ -128,7 +133,7 @@ def test_benchmark_times_each_variant_in_its_batch_state(backend):
     path the delta kernel, the batch without adapters
     and the unfused reference neither; the split-op core runs the same gates."""
     bench = _benchmark()
-    (rank, plain, lora_indexer, gen), = _benchmark_setup(bench, backend, [16])
+    ((rank, plain, lora_indexer, gen),) = _benchmark_setup(bench, backend, [16])
     tokens, device = 32, torch.device("cpu")
     x = torch.randn(tokens, bench.HIDDEN, generator=gen).bfloat16()
     q_scale = torch.rand(tokens, bench.N_HEADS, 1, generator=gen) + 0.5
@@ -136,7 +141,11 @@ def test_benchmark_times_each_variant_in_its_batch_state(backend):
     variants = bench._variants(plain, lora_indexer, [16, 16], rank, x, q_scale, core)
 
     measured = bench._measure(
-        _StateTimer(lora_indexer.weights_proj), variants, rounds=2, per_round=1, warmup=1
+        _StateTimer(lora_indexer.weights_proj),
+        variants,
+        rounds=2,
+        per_round=1,
+        warmup=1,
     )
 
     state = {key: (m["latency_ms"], m["throughput_ms"]) for key, m in measured.items()}
@@ -184,4 +193,3 @@ def test_benchmark_goal_is_the_adapter_split_op_cores_gpu_bound_overhead():
     results[1]["split_op_core"] = part(6.0, 1.0)
     assert not bench.summary(results, [{"pass": False}])["meets_goal"]
     assert not bench.summary(results, [{"pass": False}])["checks_pass"]
-

@@ -25,6 +25,7 @@ sys.path[:0] = [
 torch.Tensor.pin_memory = lambda self, *args, **kwargs: self
 
 import linear_prefill_table_cases as cases  # noqa: E402
+
 from sglang_graphfix_kernel import linear_prefill_tables  # noqa: E402
 
 if __name__ == "__main__":

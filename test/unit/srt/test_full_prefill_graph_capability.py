@@ -13,6 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tiny_configs import write_config
+
 from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
 from sglang.srt.arg_groups.overrides import use_mla_backend as uses_mla
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
@@ -33,7 +35,6 @@ from sglang.srt.server_args import ServerArgs
 from sglang_graphfix.cli import simulated_gpu
 from sglang_graphfix.patches import PATCHES
 from sglang_graphfix.srt import full_prefill_graph_capability as capability
-from tiny_configs import write_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "layers" / "attention"))
 from gdn_stub import make_gdn  # noqa: E402

@@ -16,7 +16,7 @@ below applies it once every setting it reads has resolved.
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any
 
 from sglang.srt.arg_groups import cuda_graph_hook as upstream
 from sglang.srt.arg_groups.overrides import (
@@ -30,7 +30,6 @@ from sglang.srt.model_executor.cuda_graph_config import (
     Phase,
     with_phase,
 )
-
 from sglang_graphfix.srt.full_prefill_graph_capability import (
     FullPrefillGraphSupport,
     full_prefill_graph_support,
@@ -49,7 +48,7 @@ DOWNGRADE_SOURCE = "sglang_graphfix:full_prefill_graph_rules"
 KDA_BREAKABLE_RULE = "KDA hybrid linear attention"
 
 
-def user_prefill_backend(server_args: Any) -> Optional[str]:
+def user_prefill_backend(server_args: Any) -> str | None:
     """The prefill graph backend the user's own flags ask for, None if they set none.
 
     parse_cuda_graph_config locks the prefill backend for any source, including a
@@ -80,7 +79,7 @@ class _RuleRecorder:
     level (a logging.Filter never sees a record below the logger's level)."""
 
     def __init__(self):
-        self.rule: Optional[str] = None
+        self.rule: str | None = None
 
     def warning(self, msg, *args, **kwargs):
         if str(msg).startswith("Breakable CUDA graph is incompatible with"):
@@ -90,7 +89,7 @@ class _RuleRecorder:
         return lambda *args, **kwargs: None
 
 
-def breakable_prefill_graph_rejection(server_args: Any) -> Optional[str]:
+def breakable_prefill_graph_rejection(server_args: Any) -> str | None:
     """Which of sglang's own breakable-graph rules turns a default breakable
     prefill graph off for this configuration (None: they accept it).
 

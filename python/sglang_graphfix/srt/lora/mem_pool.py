@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 
 from sglang.srt.utils import get_available_gpu_memory
-
 from sglang_graphfix.srt.layers.attention.dsa import dsa_indexer
 
 logger = logging.getLogger(__name__)

@@ -8,6 +8,8 @@ import pkgutil
 from unittest import mock
 
 import pytest
+from tiny_configs import FAMILIES, write_config
+
 from sglang.srt.arg_groups import cuda_graph_hook as upstream
 from sglang.srt.arg_groups.overrides import (
     attention_backends_of,
@@ -22,7 +24,6 @@ from sglang_graphfix.cli import simulated_gpu
 from sglang_graphfix.patches import PATCHES
 from sglang_graphfix.srt import full_prefill_graph_capability as capability
 from sglang_graphfix.srt.arg_groups import cuda_graph_hook as ours
-from tiny_configs import FAMILIES, write_config
 
 OURS = "sglang_graphfix.srt.arg_groups.cuda_graph_hook"
 # Linear side capturable under a full prefill graph (KDA through KDA_FULL_PREFILL_GRAPH).

@@ -27,7 +27,10 @@ PARALLEL = {
 REQUESTS = {
     "default": {"attention_backend": "fa3"},
     "full-fa3": {"attention_backend": "fa3", "cuda_graph_backend_prefill": "full"},
-    "full-triton": {"attention_backend": "triton", "cuda_graph_backend_prefill": "full"},
+    "full-triton": {
+        "attention_backend": "triton",
+        "cuda_graph_backend_prefill": "full",
+    },
 }
 EXPECTED = {
     ("qwen3_next", "default"): Backend.BREAKABLE,
@@ -67,7 +70,9 @@ def _plan(model_dir, parallel, request):
 @pytest.mark.parametrize("request_", sorted(REQUESTS))
 @pytest.mark.parametrize("parallel", sorted(PARALLEL))
 @pytest.mark.parametrize("family", FAMILIES)
-def test_plan_does_not_depend_on_the_parallel_layout(model_dirs, family, parallel, request_):
+def test_plan_does_not_depend_on_the_parallel_layout(
+    model_dirs, family, parallel, request_
+):
     plan = _plan(model_dirs[family], parallel, request_)
     expected = EXPECTED[family, request_]
     if expected not in Backend.ALL:  # a refusal, naming the way out

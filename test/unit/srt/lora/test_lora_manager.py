@@ -16,9 +16,10 @@ from dsa_indexer_lora_cases import (
     _weights_proj,
     cpu_stand_ins,  # noqa: F401  (autouse)
 )
+from torch._dynamo.testing import CompileCounter
+
 from sglang.srt.utils.common import DynamicGradMode
 from sglang_graphfix.srt.layers.attention.dsa import dsa_indexer as ours
-from torch._dynamo.testing import CompileCounter
 
 
 def test_pool_init_compiles_the_merged_gate_scaling(monkeypatch):

@@ -33,6 +33,7 @@ from dsa_indexer_lora_cases import (
     cpu_stand_ins,  # noqa: F401  (autouse)
 )
 from lora_head_gate_cases import prepare as prepare_lora_batch
+
 from sglang.srt.lora.lora_manager import LoRAManager
 from sglang.srt.lora.lora_registry import LoRARef
 from sglang.srt.lora.mem_pool import EMPTY_SLOT
@@ -60,14 +61,19 @@ def test_merged_weight_is_rebuilt_after_a_pool_load():
     a, b = _lora_buffers()
     b[1].neg_()
     high, low = MERGED_GEMM_CALLS[-1].float().chunk(2)
-    torch.testing.assert_close(high + low, _merged_reference(1, (a, b)), rtol=2**-15, atol=0)
+    torch.testing.assert_close(
+        high + low, _merged_reference(1, (a, b)), rtol=2**-15, atol=0
+    )
     assert not torch.allclose(after, before)
-
 
 
 @pytest.mark.parametrize(
     "prefill, deterministic, reserved",
-    [("breakable", False, True), ("disabled", False, False), ("breakable", True, False)],
+    [
+        ("breakable", False, True),
+        ("disabled", False, False),
+        ("breakable", True, False),
+    ],
     ids=["breakable", "no_prefill_graph", "deterministic"],
 )
 def test_lora_pool_init_reserves_the_merged_weights(

@@ -11,7 +11,6 @@ linear backend that cannot capture an extend from reaching the capture.
 from __future__ import annotations
 
 import logging
-from typing import Optional
 
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
     HybridLinearAttnBackend,
@@ -170,7 +169,7 @@ class PrefillPathCounter:
     def total(self) -> int:
         return self.graph + sum(self.eager.values())
 
-    def record(self, reason: Optional[str]) -> None:
+    def record(self, reason: str | None) -> None:
         if reason is None:
             self.graph += 1
         else:

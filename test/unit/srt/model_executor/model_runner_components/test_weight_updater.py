@@ -15,6 +15,7 @@ from dsa_indexer_lora_cases import (
     _weights_proj,
     cpu_stand_ins,  # noqa: F401  (autouse)
 )
+
 from sglang_graphfix.srt.layers.attention.dsa import dsa_indexer as ours
 from sglang_graphfix.srt.model_executor.model_runner_components import weight_updater
 
@@ -31,11 +32,13 @@ def test_merged_weight_is_rebuilt_after_an_online_weight_update(refused):
         layer.base_layer.weight.mul_(-1.0)  # the update's in-place write
     error = "refused" if refused else None
 
-    assert weight_updater.drop_merged_gates_on_weight_update(lambda model: error, None) == error
+    assert (
+        weight_updater.drop_merged_gates_on_weight_update(lambda model: error, None)
+        == error
+    )
     after = _one_adapter_gate(layer, x)
 
     assert torch.equal(after, before) == refused
-
 
 
 def test_sglangs_pool_load_and_weight_updates_drop_merged_weights():
@@ -52,14 +55,18 @@ def test_sglangs_pool_load_and_weight_updates_drop_merged_weights():
     buffers = ("A_buffer", "B_buffer", "embedding_A_buffer", "embedding_B_buffer")
     buffers += ("lm_head_A_buffer", "lm_head_B_buffer", "new_embeddings_buffer")
     pool = SimpleNamespace(**{name: {} for name in buffers})
-    pool._clear_buffer_slot_for_base = partial(LoRAMemoryPool._clear_buffer_slot_for_base, pool)
+    pool._clear_buffer_slot_for_base = partial(
+        LoRAMemoryPool._clear_buffer_slot_for_base, pool
+    )
     model = torch.nn.Linear(2, 2)
     updater = SimpleNamespace(get_model=lambda: model, device="cpu")
     drops = {
         "pool_load": lambda: LoRAMemoryPool.load_lora_weight_to_buffer(
             pool, None, 0, None, [], None, None
         ),
-        "update_check": lambda: upstream_updater._unsupported_derived_weight_cache_error(model),
+        "update_check": lambda: (
+            upstream_updater._unsupported_derived_weight_cache_error(model)
+        ),
         "session_end": lambda: upstream_updater.WeightUpdater.end_weight_update(
             updater, run_post_load=False
         ),

@@ -17,11 +17,6 @@ import weakref
 from typing import NamedTuple
 
 import torch
-from sglang_graphfix_kernel.lora_head_gate import (
-    add_lora_head_gate_delta_,
-    lora_head_gate,
-    request_segments,
-)
 
 from sglang.srt.layers.attention.dsa import dsa_indexer
 from sglang.srt.layers.attention.dsa.dsa_prefill_cuda_graph import (
@@ -41,6 +36,11 @@ from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph impo
 )
 from sglang.srt.runtime_context import get_context, get_exec
 from sglang.srt.utils.common import DynamicGradMode
+from sglang_graphfix_kernel.lora_head_gate import (
+    add_lora_head_gate_delta_,
+    lora_head_gate,
+    request_segments,
+)
 
 _LORA = "DSA indexer LoRA on indexer.weights_proj"
 _DROP = "or drop weights_proj from --lora-target-modules."
@@ -242,9 +242,7 @@ def _merge(layer, slot, batch_info, out) -> torch.Tensor:
     a = at_slot(layer.lora_a).float()  # (max rank, K)
     b = at_slot(layer.lora_b).float()  # (N, max rank)
     # A pool slot holds its adapter's rank; past it, whatever was there.
-    in_rank = torch.arange(b.shape[1], device=b.device) < at_slot(
-        batch_info.lora_ranks
-    )
+    in_rank = torch.arange(b.shape[1], device=b.device) < at_slot(batch_info.lora_ranks)
     a = torch.where(in_rank[:, None], a, 0.0)
     b = torch.where(in_rank[None, :], b, 0.0)
     weight = layer.weight.float() + at_slot(batch_info.scalings) * (b @ a)
@@ -277,8 +275,7 @@ def warm_up_merged_gate_scaling(model) -> int:
     seen = set()
     for module in model.modules():
         if not (
-            isinstance(module, dsa_indexer.Indexer)
-            and module.weights_proj in _RESERVED
+            isinstance(module, dsa_indexer.Indexer) and module.weights_proj in _RESERVED
         ):
             continue
         device = module.weights_proj.weight.device

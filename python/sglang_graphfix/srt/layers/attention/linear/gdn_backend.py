@@ -23,7 +23,6 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.runner_utils.prefill_graph import (
     is_in_full_prefill_graph,
 )
-
 from sglang_graphfix.srt.full_prefill_graph_capability import (
     require_capturable_full_prefill_graph,
 )

@@ -17,7 +17,6 @@ from sglang.srt.layers.attention.linear.kda_prefill_graph import (
     KDAPrefillGraphMetadata,
 )
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-
 from sglang_graphfix.srt.full_prefill_graph_capability import (
     require_capturable_full_prefill_graph,
 )

@@ -26,6 +26,7 @@ from dsa_indexer_lora_cases import (
     _weights_proj,
     cpu_stand_ins,  # noqa: F401  (autouse)
 )
+
 from sglang.srt.layers.attention.dsa import dsa_indexer as upstream
 from sglang.srt.layers.attention.dsa import dsa_prefill_cuda_graph as split_ops
 from sglang.srt.layers.attention.dsa.dsa_indexer import Indexer

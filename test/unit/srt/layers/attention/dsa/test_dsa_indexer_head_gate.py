@@ -31,6 +31,7 @@ from dsa_indexer_lora_cases import (
     _weights_proj,
     cpu_stand_ins,  # noqa: F401  (autouse)
 )
+
 from sglang.kernels.ops.lora.dense import chunked_sgmv_shrink
 from sglang.srt.layers.attention.dsa import dsa_indexer as upstream
 from sglang.srt.layers.attention.dsa.dsa_indexer import Indexer
@@ -173,7 +174,6 @@ def test_split_op_lora_ids_reads_the_split_op_batch():
         assert ours.split_op_lora_ids() == ["a", None]
 
 
-
 def test_csgmv_shrink_stand_in_has_upstreams_compile_cache_key():
     """The stand-in reuses a compiled shrink kernel exactly when sglang does: its
     cache key leaves out N. If upstream adds N, update _shrink_cache_key."""
@@ -205,7 +205,6 @@ def test_csgmv_second_max_rank_in_one_process_runs_the_first_ranks_shrink():
 
     chunked_sgmv_shrink._chunked_lora_shrink_kernel._clear_cache()
     _assert_gate(backend_gate(rank64), x, q_scale, 64)
-
 
 
 def test_upstream_head_gate_drops_the_lora_delta():
@@ -287,4 +286,3 @@ def test_head_gate_refuses_quantized_activations_with_lora():
     with pytest.raises(RuntimeError) as raised:
         indexer._get_logits_head_gate((x, torch.ones(ROWS, 1)), _q_scale())
     assert str(raised.value) == ours.QUANTIZED_ACTIVATIONS_LORA_ERROR
-

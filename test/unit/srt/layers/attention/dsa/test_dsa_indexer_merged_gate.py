@@ -92,7 +92,6 @@ def test_merged_weight_keeps_a_small_adapter():
     assert ((one_bf16 - bare - move).norm() / move.norm()) > 0.3  # the control
 
 
-
 def test_capture_never_caches_a_merged_weight(monkeypatch):
     """A merged weight built under stream capture would live in the graph's
     memory: under capture a single-adapter batch takes the whole-gate kernel."""
@@ -104,4 +103,3 @@ def test_capture_never_caches_a_merged_weight(monkeypatch):
     _one_adapter_gate(layer, x)
 
     assert len(FULL_GATE_CALLS) == 1 and not MERGED_GEMM_CALLS
-

@@ -132,7 +132,12 @@ def _pool(rank):
         module = ReplicatedLinearWithLoRA(_weights_proj(), None)
         for slot in ADAPTERS:
             pool.load_lora_weight_to_buffer(
-                f"adapter{slot}", slot, _adapter(slot), [{WEIGHTS_PROJ: module}], None, None
+                f"adapter{slot}",
+                slot,
+                _adapter(slot),
+                [{WEIGHTS_PROJ: module}],
+                None,
+                None,
             )
     return pool
 
@@ -176,7 +181,9 @@ def _full_reference(x, requests):
         if slot:
             a, b = _adapter_weights(slot)
             scaling = ADAPTERS[slot][1]
-            logits[start : start + n] += scaling * (x[start : start + n].float() @ a.float().t()) @ b.float().t()
+            logits[start : start + n] += (
+                scaling * (x[start : start + n].float() @ a.float().t()) @ b.float().t()
+            )
         start += n
     return logits
 
@@ -332,7 +339,10 @@ def test_every_rank_computes_the_same_gate(requests, monkeypatch):
     reference = (_full_reference(x, requests) * N_HEADS**-0.5).unsqueeze(-1)
     reference = (reference * q_scale * HEAD_DIM**-0.5)[:tokens]
     torch.testing.assert_close(
-        gates[0][:tokens], reference, rtol=2e-2, atol=1e-2 * reference.abs().max().item()
+        gates[0][:tokens],
+        reference,
+        rtol=2e-2,
+        atol=1e-2 * reference.abs().max().item(),
     )
 
 

@@ -18,6 +18,8 @@ from gdn_stub import (
     make_gdn,
     replay_view,
 )
+from tiny_configs import write_config
+
 from sglang.kernels.ops.attention.fla.index import (
     prepare_chunk_indices,
     prepare_chunk_offsets,
@@ -44,7 +46,6 @@ from sglang_graphfix.srt.layers.attention.linear.gdn_prefill_graph import (
     chunk_state_rows,
     conv_window_rows,
 )
-from tiny_configs import write_config
 
 
 def _captured_then_replayed(backend):

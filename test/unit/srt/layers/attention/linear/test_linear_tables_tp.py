@@ -73,7 +73,10 @@ def _tables(backend, prepare):
 def test_per_rank_pool_shapes_are_sharded():
     """The control of the mock: at tp_size=2 the pool's conv and temporal
     states hold half the channels and heads of tp_size=1."""
-    for cls, name in ((Qwen3NextConfig, "qwen3-next"), (KimiLinearConfig, "kimi-linear")):
+    for cls, name in (
+        (Qwen3NextConfig, "qwen3-next"),
+        (KimiLinearConfig, "kimi-linear"),
+    ):
         (_, one), (_, two) = (_config(cls, name, tp) for tp in TP_SIZES)
         assert one.temporal[0] == 2 * two.temporal[0]
         assert sum(one.conv[0]) > sum(two.conv[0])
@@ -136,7 +139,10 @@ def gdn_kernels(monkeypatch):
     def fused_split(x, nq, nk, nv, dq, dk, dv):
         calls["fused_split"] = (nq, nk, nv, dq, dk, dv)
         q, k, v = x.split([nq * dq, nk * dk, nv * dv], dim=-1)
-        return (t.reshape(1, x.shape[0], n, d) for t, n, d in ((q, nq, dq), (k, nk, dk), (v, nv, dv)))
+        return (
+            t.reshape(1, x.shape[0], n, d)
+            for t, n, d in ((q, nq, dq), (k, nk, dk), (v, nv, dv))
+        )
 
     def gating(A_log, a, b, dt_bias):
         calls["gating"] = (A_log.shape, a.shape)
