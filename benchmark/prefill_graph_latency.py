@@ -67,32 +67,9 @@ PROFILE_BACKENDS = ("full", "breakable")
 
 
 def qwen3_next_dims(path: Path) -> str:
-    from tiny_configs import add_qwen3_next_layout
-    from transformers import Qwen3NextConfig
+    from tiny_configs import add_qwen3_next_layout, qwen3_next_80b_a3b_config
 
-    config = Qwen3NextConfig(
-        vocab_size=151936,
-        hidden_size=2048,
-        intermediate_size=5120,
-        num_hidden_layers=LAYERS,
-        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * (LAYERS // 4),
-        num_attention_heads=16,
-        num_key_value_heads=2,
-        head_dim=256,
-        partial_rotary_factor=0.25,
-        linear_num_key_heads=16,
-        linear_num_value_heads=32,
-        linear_key_head_dim=128,
-        linear_value_head_dim=128,
-        linear_conv_kernel_dim=4,
-        num_experts=512,
-        num_experts_per_tok=10,
-        moe_intermediate_size=512,
-        shared_expert_intermediate_size=512,
-        max_position_embeddings=4096,
-    )
-    config.architectures = ["Qwen3NextForCausalLM"]
-    config.save_pretrained(path)
+    qwen3_next_80b_a3b_config(LAYERS).save_pretrained(path)
     add_qwen3_next_layout(path)
     return str(path)
 

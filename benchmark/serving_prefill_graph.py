@@ -76,32 +76,9 @@ WORKLOADS = {
 def qwen3_next_80b_a3b_fp8(path: Path, layers: int = 48) -> None:
     """Qwen3-Next-80B-A3B's config.json (published dimensions) with the FP8
     checkpoint's quantization_config, so sglang allocates fp8 weights (~80 GB)."""
-    from tiny_configs import add_qwen3_next_layout
-    from transformers import Qwen3NextConfig
+    from tiny_configs import add_qwen3_next_layout, qwen3_next_80b_a3b_config
 
-    config = Qwen3NextConfig(
-        vocab_size=151936,
-        hidden_size=2048,
-        intermediate_size=5120,
-        num_hidden_layers=layers,
-        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * (layers // 4),
-        num_attention_heads=16,
-        num_key_value_heads=2,
-        head_dim=256,
-        partial_rotary_factor=0.25,
-        linear_num_key_heads=16,
-        linear_num_value_heads=32,
-        linear_key_head_dim=128,
-        linear_value_head_dim=128,
-        linear_conv_kernel_dim=4,
-        num_experts=512,
-        num_experts_per_tok=10,
-        moe_intermediate_size=512,
-        shared_expert_intermediate_size=512,
-        max_position_embeddings=32768,
-        rope_theta=10000000.0,
-    )
-    config.architectures = ["Qwen3NextForCausalLM"]
+    config = qwen3_next_80b_a3b_config(layers, max_position_embeddings=32768)
     config.quantization_config = {
         "activation_scheme": "dynamic",
         "fmt": "e4m3",

@@ -199,6 +199,39 @@ def write_config(family: str, path: Path) -> str:
     return str(path)
 
 
+def qwen3_next_80b_a3b_config(layers: int = 48, max_position_embeddings: int = 4096):
+    """Qwen3-Next-80B-A3B's published layer dimensions (hidden 2048, 16/32 GDN heads
+    of 128, 512 experts top-10, attention 16/2 heads of 256), ``layers`` deep (a
+    multiple of 4: three GDN layers, then one attention layer). For speed runs
+    with dummy weights; save it, then add_qwen3_next_layout."""
+    from transformers import Qwen3NextConfig
+
+    config = Qwen3NextConfig(
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=5120,
+        num_hidden_layers=layers,
+        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * (layers // 4),
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        head_dim=256,
+        partial_rotary_factor=0.25,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+        num_experts=512,
+        num_experts_per_tok=10,
+        moe_intermediate_size=512,
+        shared_expert_intermediate_size=512,
+        max_position_embeddings=max_position_embeddings,
+        rope_theta=10000000.0,
+    )
+    config.architectures = ["Qwen3NextForCausalLM"]
+    return config
+
+
 def add_qwen3_next_layout(path: Path) -> None:
     """sglang's Qwen3NextConfig places the full-attention layers from
     ``full_attention_interval``, which transformers does not write."""
