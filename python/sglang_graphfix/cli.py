@@ -257,6 +257,7 @@ def _graphfix_hooks() -> dict[int, tuple[object, str, object, object]]:
     name, wrapper, the upstream function it wraps)."""
     from sglang_graphfix.patches import PATCHES
 
+    ours = {patch.hook for patch in PATCHES}
     hooks = {}
     for patch in PATCHES:
         owner_path, name = patch.target.rsplit(".", 1)
@@ -269,7 +270,11 @@ def _graphfix_hooks() -> dict[int, tuple[object, str, object, object]]:
             type(wrapper) if isinstance(wrapper, (classmethod, staticmethod)) else None
         )
         hook, original = _around_hook(wrapper.__func__ if kind else wrapper)
-        if hook is patch.hook:
+        if hook in ours:
+            # Several of ours on one target (e.g. PrefillCudaGraphRunner.capture):
+            # upstream's function is below the last of them.
+            while _around_hook(original)[0] in ours:
+                original = _around_hook(original)[1]
             hooks[id(wrapper)] = (
                 owner,
                 name,

@@ -45,7 +45,7 @@ PATCHES = (
     Patch(_ATTN + "hybrid_linear_attn_backend.MambaAttnBackendBase.init_cuda_graph_state", hybrid_linear_attn_backend.init_linear_graph_state_once, HookType.AROUND),
     Patch(_ATTN + "hybrid_linear_attn_backend.MambaAttnBackendBase._replay_metadata", hybrid_linear_attn_backend.replay_metadata_requires_graph_state, HookType.AROUND),
     Patch(_SRT + "model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.capture", prefill_cuda_graph_runner.prepare_linear_attention_for_full_prefill_capture, HookType.AROUND),
-    Patch(_SRT + "model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.__init__", prefill_cuda_graph_runner.route_full_prefill_fallback, HookType.AROUND),
+    Patch(_SRT + "model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.capture", prefill_cuda_graph_runner.route_full_prefill_fallback, HookType.AROUND),
     Patch(_SRT + "model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.can_run_graph", prefill_cuda_graph_runner.count_prefill_paths, HookType.AROUND),
     # DSA indexer weights_proj LoRA under the breakable prefill graph.
     Patch(_ATTN + "dsa.dsa_indexer.Indexer._get_logits_head_gate", dsa_indexer.lora_aware_head_gate, HookType.AROUND),

@@ -95,7 +95,7 @@ def init_linear_graph_state_for_prefill(runner, linear) -> None:
     linear.init_cuda_graph_state(max_bs, max_bs * tokens_per_req)
 
 
-# What:    Wraps PrefillCudaGraphRunner.__init__: once a full prefill graph has
+# What:    Wraps PrefillCudaGraphRunner.capture: once a full prefill graph has
 #          captured, put the eager prefill of the batches it does not take on
 #          sglang's default kernels, warm them, and log the routing rule once.
 # Why:     A batch with more requests than full_prefill_max_req (1 at
@@ -109,12 +109,13 @@ def init_linear_graph_state_for_prefill(runner, linear) -> None:
 #          it (use_default_eager_gdn_prefill; the captured extend calls its Triton
 #          kernels directly) and run that kernel once on scratch state. Then one
 #          INFO line: which batches replay the graph and which run eager.
-# Upstream: sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py::PrefillCudaGraphRunner.__init__
+# Upstream: sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py::PrefillCudaGraphRunner.capture
 # Removal: with keep_triton_gdn_prefill_for_full_graph.
-def route_full_prefill_fallback(original, self, model_runner, *args, **kwargs):
-    original(self, model_runner, *args, **kwargs)
+def route_full_prefill_fallback(original, self):
+    result = original(self)
     if not self._is_full_backend:
-        return
+        return result
+    model_runner = self.model_runner
     eager_kernel = "sglang's default kernels"
     default = getattr(model_runner, EAGER_GDN_PREFILL_DEFAULT, None)
     for linear in _linear_attention_backends(model_runner.attn_backend):
@@ -135,6 +136,7 @@ def route_full_prefill_fallback(original, self, model_runner, *args, **kwargs):
         eager_kernel,
     )
     PREFILL_PATHS.reset()
+    return result
 
 
 def _warm_eager_gdn_prefill(linear, default: str) -> None:

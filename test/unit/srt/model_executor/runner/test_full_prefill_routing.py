@@ -5,13 +5,13 @@ model run sglang's default prefill kernel (FlashInfer on SM90/SM100, chosen by
 sglang's own GDNKernelDispatcher) while the captured graphs keep the Triton
 tables path, and the routing rule is logged once."""
 
+import contextlib
 import logging
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from gdn_stub import make_gdn  # noqa: E402
 
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
     HybridLinearAttnBackend,
@@ -35,9 +35,6 @@ from sglang_graphfix.srt.layers.attention.linear.gdn_backend import (
     EAGER_GDN_PREFILL_DEFAULT,
 )
 from sglang_graphfix.srt.model_executor.runner import prefill_cuda_graph_runner as ours
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "layers" / "attention"))
-from gdn_stub import make_gdn  # noqa: E402
 
 SLOTS, BUCKETS = 2, [16, 64, 256, 512]
 
@@ -89,9 +86,13 @@ def test_the_hooks_wrap_upstreams_methods():
     assert PrefillCudaGraphRunner.can_run_graph.__wrapped__.__qualname__ == (
         "PrefillCudaGraphRunner.can_run_graph"
     )
-    assert PrefillCudaGraphRunner.__init__.__wrapped__.__qualname__ == (
-        "PrefillCudaGraphRunner.__init__"
-    )
+    from sglang_graphfix import patches
+
+    (routing,) = [
+        p for p in patches.PATCHES if p.hook is ours.route_full_prefill_fallback
+    ]
+    assert routing.target.endswith("PrefillCudaGraphRunner.capture")
+    assert patches.patch_applied(routing)
 
 
 def test_each_prefill_batch_counts_its_path(caplog, fresh_counter):
@@ -175,13 +176,22 @@ def _gdn_after_triton_default():
     return gdn
 
 
-def _after_capture(runner, model_runner):
-    """The hook around sglang's __init__, with a stand-in for the capture it ran."""
-    ours.route_full_prefill_fallback(lambda self, mr: None, runner, model_runner)
+def _after_capture(runner, model_runner, monkeypatch):
+    """sglang's PrefillCudaGraphRunner.capture (as patched) on the runner, with its
+    CUDA-only body (_capture: warm-up and graph capture) replaced by a stand-in;
+    the capture check and state allocation before it (tested in
+    test_prefill_cuda_graph_runner.py) pass through."""
+    monkeypatch.setattr(ours, "require_capturable_full_prefill_graph", lambda *a: None)
+    monkeypatch.setattr(ours, "init_linear_graph_state_for_prefill", lambda *a: None)
+    model_runner.is_draft_worker = False
+    runner.model_runner = model_runner
+    runner.model_context = contextlib.nullcontext
+    runner._capture = lambda: None
+    PrefillCudaGraphRunner.capture(runner)
 
 
 def test_eager_gdn_prefill_returns_to_sglangs_default_after_capture(
-    flashinfer_on_cpu, caplog
+    flashinfer_on_cpu, caplog, monkeypatch
 ):
     gdn = _gdn_after_triton_default()
     runner = _runner(gdn)
@@ -189,7 +199,7 @@ def test_eager_gdn_prefill_returns_to_sglangs_default_after_capture(
     model_runner.linear_attn_backends = gdn.linear_attn_backends
     setattr(model_runner, EAGER_GDN_PREFILL_DEFAULT, "flashinfer")
     caplog.set_level(logging.INFO, logger=ours.__name__)
-    _after_capture(runner, model_runner)
+    _after_capture(runner, model_runner, monkeypatch)
     dispatcher = gdn.kernel_dispatcher
     assert isinstance(dispatcher.extend_kernel, _FlashInferGDNKernel)
     assert isinstance(dispatcher.decode_kernel, TritonGDNKernel)  # decode as before
@@ -212,12 +222,14 @@ def test_eager_gdn_prefill_returns_to_sglangs_default_after_capture(
     assert "GDN prefill: flashinfer" in rule[0] and "full_prefill_max_req" in rule[0]
 
 
-def test_without_a_flashinfer_default_the_kernels_stay(flashinfer_on_cpu, caplog):
+def test_without_a_flashinfer_default_the_kernels_stay(
+    flashinfer_on_cpu, caplog, monkeypatch
+):
     gdn = _gdn_after_triton_default()
     kept = gdn.kernel_dispatcher
     runner = _runner(gdn)
     caplog.set_level(logging.INFO, logger=ours.__name__)
-    _after_capture(runner, runner.model_runner)
+    _after_capture(runner, runner.model_runner, monkeypatch)
     assert gdn.kernel_dispatcher is kept and flashinfer_on_cpu.calls == []
     assert "sglang's default kernels." in caplog.text
 
@@ -231,16 +243,16 @@ def test_a_failed_warm_up_warns_and_serves(flashinfer_on_cpu, caplog, monkeypatc
         "extend",
         lambda *a, **k: (_ for _ in ()).throw(RuntimeError("jit")),
     )
-    _after_capture(runner, runner.model_runner)
+    _after_capture(runner, runner.model_runner, monkeypatch)
     assert "Could not warm the flashinfer GDN prefill kernel" in caplog.text
     assert isinstance(gdn.kernel_dispatcher.extend_kernel, _FlashInferGDNKernel)
 
 
-def test_breakable_runner_is_untouched(flashinfer_on_cpu):
+def test_breakable_runner_is_untouched(flashinfer_on_cpu, monkeypatch):
     gdn = _gdn_after_triton_default()
     kept = gdn.kernel_dispatcher
     runner = _runner(gdn)
     runner._is_full_backend = False
     setattr(runner.model_runner, EAGER_GDN_PREFILL_DEFAULT, "flashinfer")
-    _after_capture(runner, runner.model_runner)
+    _after_capture(runner, runner.model_runner, monkeypatch)
     assert gdn.kernel_dispatcher is kept

@@ -76,6 +76,7 @@ def _runner(linear, *, full_backend=True, draft=False):
     runner._is_full_backend = full_backend
     runner._capture_req_slots = SLOTS
     runner.max_bs, runner.max_num_tokens = 48, 256  # request pool, largest bucket
+    runner.capture_num_tokens = [16, 64, 256]
     runner.model_runner = SimpleNamespace(
         attn_backend=hybrid,
         is_draft_worker=draft,
