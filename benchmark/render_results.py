@@ -337,6 +337,44 @@ def merged_gate_precision() -> list:
     ]
 
 
+def plugin_and_fallback() -> list:
+    """The start-up guard, the eager fallback, the device-side table fill and the
+    merged-gate reservation on the GPU (test/gpu; results/gpu/)."""
+    refusal = _load("gpu/plugin_partial_patch_set_refusal.json")
+    serves = _load("gpu/plugin_default_engine_serves.json")
+    fallback = _load("gpu/full_prefill_fallback.json")
+    tables = _load("gpu/linear_prefill_tables_kernel.json")["host_time"]
+    memory = _load("gpu/dsa_lora_merged_gate_memory.json")
+    default = fallback["eager_batch_first_token_vs_default"]["max_logprob_diff"]
+    triton = fallback["eager_batch_first_token_vs_triton"]["max_logprob_diff"]
+    return [
+        "",
+        "Plugin start-up, eager fallback, device-side tables, merged-gate memory "
+        "(H200, test/gpu; these files were written before test/gpu recorded "
+        "provenance: the commit that added them names the run):",
+        "",
+        "| check | result |",
+        "| --- | --- |",
+        f"| a patch target held by another plugin (`{refusal['held_target'].rsplit('.', 2)[-2]}"
+        f".{refusal['held_target'].rsplit('.', 1)[-1]}`), `sglang.Engine` start "
+        f"| {refusal['refusal'][0].split(':', 1)[0]} (before any weights load) |",
+        f"| every patch applied, default engine | starts and serves "
+        f"({serves['seconds']:.0f} s cold) |",
+        "| full prefill graph, batch above `full_prefill_max_req` (eager) vs sglang's "
+        f"default eager, first token's top-20 | max logprob diff {default:g} "
+        f"(control, Triton eager: {triton:.3f}) |",
+        "| linear-attention table fill, host µs per fill at 1 / 4 / 8 / 16 / 32 "
+        "requests: device (ours) vs sglang's host fill | "
+        + " / ".join(f"{v['device_fill_host_us']:.0f}" for v in tables.values())
+        + " vs "
+        + " / ".join(f"{v['sglang_host_fill_us']:.0f}" for v in tables.values())
+        + " |",
+        f"| DSA merged weights_proj reserved with the LoRA pool, before KV sizing "
+        f"| {memory['reserved_before_kv_sizing']}: "
+        f"`{memory['reserved_line'].split('] ', 1)[-1].split(' (', 1)[0]}` |",
+    ]
+
+
 def render() -> str:
     return "\n".join(
         gdn_latency()
@@ -344,6 +382,7 @@ def render() -> str:
         + correctness()
         + dsa_overhead()
         + merged_gate_precision()
+        + plugin_and_fallback()
     )
 
 
