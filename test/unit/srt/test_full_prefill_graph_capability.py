@@ -7,15 +7,15 @@ load."""
 import contextlib
 import logging
 import pkgutil
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from gdn_stub import make_gdn
+from kda_stub import make_kda
+from resolution import prefill_backend, resolved
 from tiny_configs import write_config
 
-from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
 from sglang.srt.arg_groups.overrides import use_mla_backend as uses_mla
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
 from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
@@ -35,10 +35,6 @@ from sglang.srt.server_args import ServerArgs
 from sglang_graphfix.cli import simulated_gpu
 from sglang_graphfix.patches import PATCHES
 from sglang_graphfix.srt import full_prefill_graph_capability as capability
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "layers" / "attention"))
-from gdn_stub import make_gdn  # noqa: E402
-from kda_stub import make_kda  # noqa: E402
 
 OURS = "sglang_graphfix.srt.arg_groups.cuda_graph_hook"
 GDN_PAGE_MAJOR = "--enable-page-major-kv-layout / --enable-unified-memory"
@@ -100,18 +96,9 @@ def resolve(model_dirs, case, *, model_default_full=False, full=True):
     family, kwargs, _, _, gpu = case
     if full and not model_default_full:
         kwargs = {**kwargs, "cuda_graph_backend_prefill": "full"}
-    args = ServerArgs(model_path=model_dirs[family], **kwargs)
-    if model_default_full:  # as Inkling's apply_inkling_prefill_cuda_graph_default
-        declare_resolution(
-            args, "test_model_default", cuda_graph_backend_prefill="full"
-        )
-    with simulated_gpu(gpu):
-        args.resolve_once()
-    return args
-
-
-def prefill_backend(args):
-    return resolving_view(args).cuda_graph_config.prefill.backend
+    return resolved(
+        model_dirs[family], gpu=gpu, model_default_full=model_default_full, **kwargs
+    )
 
 
 def expected_support(case_id):

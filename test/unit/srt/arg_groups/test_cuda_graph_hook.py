@@ -8,6 +8,7 @@ import pkgutil
 from unittest import mock
 
 import pytest
+from resolution import prefill_backend, resolved
 from tiny_configs import FAMILIES, write_config
 
 from sglang.srt.arg_groups import cuda_graph_hook as upstream
@@ -20,7 +21,6 @@ from sglang.srt.arg_groups.overrides import (
 )
 from sglang.srt.model_executor.cuda_graph_config import Backend
 from sglang.srt.server_args import ServerArgs
-from sglang_graphfix.cli import simulated_gpu
 from sglang_graphfix.patches import PATCHES
 from sglang_graphfix.srt import full_prefill_graph_capability as capability
 from sglang_graphfix.srt.arg_groups import cuda_graph_hook as ours
@@ -42,22 +42,8 @@ def model_dirs(tmp_path_factory):
     return {family: write_config(family, root / family) for family in FAMILIES}
 
 
-def resolve(model_dirs, family, *, gpu="h200", model_default_full=False, **kwargs):
-    """ServerArgs after sglang's full resolution pipeline. ``model_default_full``
-    declares the full prefill graph as a model default, the way Inkling's
-    apply_inkling_prefill_cuda_graph_default does (locked, but not the user's)."""
-    args = ServerArgs(model_path=model_dirs[family], **kwargs)
-    if model_default_full:
-        declare_resolution(
-            args, "test_model_default", cuda_graph_backend_prefill="full"
-        )
-    with simulated_gpu(gpu):
-        args.resolve_once()
-    return args
-
-
-def prefill_backend(args):
-    return resolving_view(args).cuda_graph_config.prefill.backend
+def resolve(model_dirs, family, **kwargs):
+    return resolved(model_dirs[family], **kwargs)
 
 
 def our_warnings(caplog):

@@ -10,9 +10,9 @@ The Triton kernel itself is checked in Triton's interpreter
 takes its torch steps."""
 
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
+import linear_prefill_table_cases as cases
 import pytest
 import torch
 from gdn_stub import CHUNK, make_gdn
@@ -20,9 +20,6 @@ from gdn_stub import CHUNK, make_gdn
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_graphfix.srt.layers.attention.linear import kda_prefill_graph as ours
 from sglang_graphfix_kernel import linear_prefill_tables
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
-import linear_prefill_table_cases as cases  # noqa: E402
 
 
 @pytest.mark.parametrize("seed", range(150))
