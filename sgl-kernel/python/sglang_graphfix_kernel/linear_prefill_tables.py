@@ -31,6 +31,28 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 
+@triton.jit
+def _store_segment_rows(
+    table_ptr, counts, ends, total, n_rows, seq_pad, offset_pad,
+    BLOCK_R: tl.constexpr,
+):  # fmt: skip
+    """Rows 0..n_rows of a (sequence, offset in it) table over sequences of
+    ``counts`` rows each (``ends``: their cumulative sums); rows past ``total``
+    get (seq_pad, offset_pad)."""
+    for start in range(0, n_rows, BLOCK_R):
+        row = start + tl.arange(0, BLOCK_R)
+        # Sequences that end at or before this row precede its sequence.
+        before = ends[None, :] <= row[:, None]
+        seq = tl.sum(before.to(tl.int32), 1)
+        done = tl.sum(tl.where(before, counts[None, :], 0), 1)
+        live = row < total
+        keep = row < n_rows
+        tl.store(table_ptr + 2 * row, tl.where(live, seq, seq_pad), mask=keep)
+        tl.store(
+            table_ptr + 2 * row + 1, tl.where(live, row - done, offset_pad), mask=keep
+        )
+
+
 @triton.jit(do_not_specialize=["bs"])
 def _fill_linear_prefill_tables(
     lens_ptr,  # [>= bs] extend lengths
@@ -89,38 +111,19 @@ def _fill_linear_prefill_tables(
     total_chunks = tl.sum(n_chunks, 0)
     tl.store(chunk_offsets_ptr + s, zero, mask=first)
     tl.store(chunk_offsets_ptr + 1 + s, chunk_ends, mask=in_table)
-    for start in range(0, max_chunks, BLOCK_R):
-        row = start + tl.arange(0, BLOCK_R)
-        # Sequences that end at or before this row precede its sequence.
-        before = chunk_ends[None, :] <= row[:, None]
-        seq = tl.sum(before.to(tl.int32), 1)
-        done = tl.sum(tl.where(before, n_chunks[None, :], 0), 1)
-        live = row < total_chunks
-        keep = row < max_chunks
-        tl.store(chunk_indices_ptr + 2 * row, tl.where(live, seq, 0), mask=keep)
-        tl.store(
-            chunk_indices_ptr + 2 * row + 1,
-            tl.where(live, row - done, PAD_CHUNK),
-            mask=keep,
-        )
+    _store_segment_rows(
+        chunk_indices_ptr, n_chunks, chunk_ends, total_chunks, max_chunks, 0, PAD_CHUNK,
+        BLOCK_R,
+    )  # fmt: skip
 
     # Conv blocks: (seq, block) rows, PAD_SLOT past the batch.
     n_blocks = (lens + CONV_BLOCK - 1) // CONV_BLOCK
     block_ends = tl.cumsum(n_blocks, 0)
     total_blocks = tl.sum(n_blocks, 0)
-    for start in range(0, max_conv_blocks, BLOCK_R):
-        row = start + tl.arange(0, BLOCK_R)
-        before = block_ends[None, :] <= row[:, None]
-        seq = tl.sum(before.to(tl.int32), 1)
-        done = tl.sum(tl.where(before, n_blocks[None, :], 0), 1)
-        live = row < total_blocks
-        keep = row < max_conv_blocks
-        tl.store(
-            conv_block_table_ptr + 2 * row, tl.where(live, seq, PAD_SLOT), mask=keep
-        )
-        tl.store(
-            conv_block_table_ptr + 2 * row + 1, tl.where(live, row - done, 0), mask=keep
-        )
+    _store_segment_rows(
+        conv_block_table_ptr, n_blocks, block_ends, total_blocks, max_conv_blocks,
+        PAD_SLOT, 0, BLOCK_R,
+    )  # fmt: skip
 
     # Per-sequence state slots: PAD_SLOT past the batch (no work, no write).
     slots = tl.load(slot_src_ptr + s, mask=real, other=PAD_SLOT)
