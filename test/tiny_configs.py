@@ -8,12 +8,13 @@ import json
 from pathlib import Path
 
 
-def qwen3_next_config():
+def qwen3_next_config(**overrides):
     """GDN hybrid: 3 GDN layers + 1 full-attention layer; GDN heads of 128 so
-    sglang's FlashInfer GDN-prefill default applies on Hopper."""
+    sglang's FlashInfer GDN-prefill default applies on Hopper. ``overrides``
+    replace these dimensions."""
     from transformers import Qwen3NextConfig
 
-    config = Qwen3NextConfig(
+    dims = dict(
         vocab_size=2048,
         hidden_size=256,
         intermediate_size=512,
@@ -33,6 +34,7 @@ def qwen3_next_config():
         shared_expert_intermediate_size=128,
         max_position_embeddings=4096,
     )
+    config = Qwen3NextConfig(**{**dims, **overrides})
     config.architectures = ["Qwen3NextForCausalLM"]
     return config
 

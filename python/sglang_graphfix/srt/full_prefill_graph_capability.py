@@ -37,6 +37,9 @@ from sglang.srt.layers.attention.linear.inkling_sconv_backend import (
     InklingShortConvAttnBackend,
 )
 from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
+from sglang.srt.layers.attention.linear.kernels.gdn_flashinfer import (
+    FlashInferGDNKernel,
+)
 from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
 from sglang.srt.layers.attention.linear.kernels.kda_triton import TritonKDAKernel
 from sglang.srt.layers.attention.linear.lightning_backend import (
@@ -95,6 +98,32 @@ class LinearFamily:
     conditions: tuple[Condition, ...] = ()
 
 
+# The compute capability on which the captured GDN extend runs FlashInfer's GDN
+# prefill kernel (sglang's default there), checked on an H200. Other GPUs capture
+# the Triton chunk kernels.
+FLASHINFER_GDN_CAPTURE_SM = 90
+
+
+def flashinfer_gdn_prefill_captures(kernel: str | None, sm: int) -> bool:
+    return kernel == "flashinfer" and sm == FLASHINFER_GDN_CAPTURE_SM
+
+
+def _gdn_prefill_kernel() -> Condition:
+    return Condition(
+        setting="--linear-attn-prefill-backend",
+        violated=lambda s: (
+            s.linear_prefill_kernel != "triton"
+            and not flashinfer_gdn_prefill_captures(s.linear_prefill_kernel, s.sm)
+        ),
+        reason=lambda s: (
+            "the captured GDN extend runs the Triton kernels, or FlashInfer's on "
+            f"SM{FLASHINFER_GDN_CAPTURE_SM}, not {s.linear_prefill_kernel}"
+            + (f" on SM{s.sm}" if s.sm else "")
+        ),
+        fix=lambda s: "set --linear-attn-prefill-backend triton",
+    )
+
+
 def _triton_kernel(family: str) -> Condition:
     return Condition(
         setting="--linear-attn-prefill-backend",
@@ -114,7 +143,7 @@ _NO_CAPTURABLE_EXTEND = (
 )
 
 GDN_CONDITIONS = (
-    _triton_kernel("GDN"),
+    _gdn_prefill_kernel(),
     # GDNAttnBackend.init_forward_metadata builds multi-item-scoring metadata on
     # the host for every batch (build_gdn_mis_metadata).
     Condition(
@@ -177,7 +206,8 @@ def _registry_defined(model_config) -> bool:
 
 # Linear-attention families, in attention_registry.attn_backend_wrapper's order.
 #   GDN      this package's captured extend on static per-bucket tables
-#            (..layers.attention.linear.gdn_prefill_graph), Triton kernels only;
+#            (..layers.attention.linear.gdn_prefill_graph), Triton kernels, or
+#            FlashInfer's GDN prefill on SM90;
 #   KDA      upstream's breakable-graph tables, Triton kernels only;
 #   Inkling  upstream records its short-conv metadata inside the graph
 #            (InklingShortConvAttnBackend.init_forward_metadata_in_graph).
@@ -432,9 +462,11 @@ def settings_from_server_args(server_args: Any) -> tuple[Settings, str | None]:
     family = linear_family_of_config(model_config)
     kernel = None
     if family is not None and family.name in ("GDN", "KDA"):
-        # Under a full prefill graph the automatic FlashInfer prefill defaults are
-        # off (GDN: ..layers.attention.linear.gdn_backend; KDA: upstream's
-        # flashinfer_kda_prefill_default), so the kernel is the one configured.
+        # Under a full prefill graph an automatic FlashInfer prefill default is
+        # either capturable (GDN on SM90) or off (GDN elsewhere:
+        # ..layers.attention.linear.gdn_backend; KDA: upstream's
+        # flashinfer_kda_prefill_default), so the kernel to judge is the one
+        # configured.
         kernel = cfg.linear_attn_prefill_backend or cfg.linear_attn_backend
     attention, _ = attention_backends_of(resolved_view(server_args))
     settings = Settings(
@@ -469,6 +501,8 @@ def full_prefill_graph_support(server_args: Any) -> FullPrefillGraphSupport:
 def _kernel_name(kernel) -> str:
     if isinstance(kernel, (TritonGDNKernel, TritonKDAKernel)):
         return "triton"
+    if isinstance(kernel, FlashInferGDNKernel):
+        return "flashinfer"
     return type(kernel).__name__
 
 

@@ -233,17 +233,39 @@ def test_inkling_default_on_a100_falls_back_to_breakable(model_dirs, caplog):
 # ---- linear-attention prefill kernels ----
 
 
-@pytest.mark.parametrize("family", ["qwen3_next", "kimi_linear"])
-def test_explicit_full_with_a_non_triton_linear_prefill_kernel(model_dirs, family):
+@pytest.mark.parametrize(
+    "family, gpu, captured",
+    [
+        ("kimi_linear", "h200", "the Triton kernels, not flashinfer"),
+        ("qwen3_next", "a100", "FlashInfer's on SM90, not flashinfer on SM80"),
+    ],
+)
+def test_explicit_full_with_a_non_triton_linear_prefill_kernel(
+    model_dirs, family, gpu, captured
+):
     with pytest.raises(ValueError) as err:
         resolve(
             model_dirs,
             family,
+            gpu=gpu,
             cuda_graph_backend_prefill="full",
             linear_attn_prefill_backend="flashinfer",
         )
-    assert "runs the Triton kernels, not flashinfer" in str(err.value)
+    assert captured in str(err.value)
     assert "set --linear-attn-prefill-backend triton" in str(err.value)
+
+
+def test_explicit_full_with_flashinfer_gdn_prefill_on_hopper(model_dirs, caplog):
+    """The captured GDN extend runs FlashInfer's GDN prefill on SM90: kept."""
+    with caplog.at_level(logging.WARNING):
+        args = resolve(
+            model_dirs,
+            "qwen3_next",
+            cuda_graph_backend_prefill="full",
+            linear_attn_prefill_backend="flashinfer",
+        )
+    assert prefill_backend(args) == Backend.FULL
+    assert not our_warnings(caplog)
 
 
 def test_model_default_full_with_a_non_triton_linear_prefill_kernel(model_dirs, caplog):

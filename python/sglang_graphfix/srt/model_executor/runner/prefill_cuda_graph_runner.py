@@ -19,6 +19,7 @@ from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
 from sglang.srt.layers.attention.linear.inkling_sconv_backend import (
     InklingShortConvAttnBackend,
 )
+from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
 from sglang.srt.runtime_context import get_exec, get_spec
 from sglang_graphfix.srt.full_prefill_graph_capability import (
     require_capturable_full_prefill_graph,
@@ -105,10 +106,12 @@ def init_linear_graph_state_for_prefill(runner, linear) -> None:
 #          JIT-compiling it on the first such user request ("took 2.26 s to
 #          compile after serving started"; issue 13).
 # How:     If keep_triton_gdn_prefill_for_full_graph recorded a default
-#          (FlashInfer on SM90/SM100), rebuild the GDN backend's dispatcher with
-#          it (use_default_eager_gdn_prefill; the captured extend calls its Triton
-#          kernels directly) and run that kernel once on scratch state. Then one
-#          INFO line: which batches replay the graph and which run eager.
+#          (FlashInfer off SM90), rebuild the GDN backend's dispatcher with it
+#          (use_default_eager_gdn_prefill; the captured extend calls its Triton
+#          kernels directly). Run a FlashInfer eager GDN prefill once on scratch
+#          state (on SM90 the graph captured FlashInfer's variant with
+#          snapshots, not the eager one). Then one INFO line: which batches
+#          replay the graph and which run eager.
 # Upstream: sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py::PrefillCudaGraphRunner.capture
 # Removal: with keep_triton_gdn_prefill_for_full_graph.
 def route_full_prefill_fallback(original, self):
@@ -119,10 +122,14 @@ def route_full_prefill_fallback(original, self):
     eager_kernel = "sglang's default kernels"
     default = getattr(model_runner, EAGER_GDN_PREFILL_DEFAULT, None)
     for linear in _linear_attention_backends(model_runner.attn_backend):
-        if isinstance(linear, GDNAttnBackend) and default is not None:
+        if not isinstance(linear, GDNAttnBackend):
+            continue
+        if default is not None:
             use_default_eager_gdn_prefill(linear, model_runner, default)
-            eager_kernel = f"sglang's default kernels (GDN prefill: {default})"
-            _warm_eager_gdn_prefill(linear, default)
+        if not isinstance(linear.kernel_dispatcher.extend_kernel, TritonGDNKernel):
+            kernel = linear.linear_attn_backends.prefill.value
+            eager_kernel = f"sglang's default kernels (GDN prefill: {kernel})"
+            _warm_eager_gdn_prefill(linear, kernel)
     logger.info(
         "Full prefill CUDA graph routing: a prefill batch replays the graph with "
         "up to %d request(s) and %d token(s) (buckets %s); others (more requests "

@@ -234,6 +234,26 @@ def test_without_a_flashinfer_default_the_kernels_stay(
     assert "sglang's default kernels." in caplog.text
 
 
+def test_on_sm90_the_flashinfer_kernel_stays_and_is_warmed(
+    flashinfer_on_cpu, caplog, monkeypatch
+):
+    """sglang's FlashInfer default kept for the whole process (the graph captured
+    it): no dispatcher swap, but the eager variant is warmed and named."""
+    gdn = _gdn_after_triton_default()
+    gdn.linear_attn_backends = LinearAttnBackends(
+        decode=LinearAttnKernelBackend.TRITON,
+        prefill=LinearAttnKernelBackend.FLASHINFER,
+        verify=LinearAttnKernelBackend.TRITON,
+    )
+    gdn.kernel_dispatcher = SimpleNamespace(extend_kernel=_FlashInferGDNKernel())
+    kept = gdn.kernel_dispatcher
+    runner = _runner(gdn)
+    caplog.set_level(logging.INFO, logger=ours.__name__)
+    _after_capture(runner, runner.model_runner, monkeypatch)
+    assert gdn.kernel_dispatcher is kept and len(flashinfer_on_cpu.calls) == 1
+    assert "GDN prefill: flashinfer" in caplog.text
+
+
 def test_a_failed_warm_up_warns_and_serves(flashinfer_on_cpu, caplog, monkeypatch):
     gdn = _gdn_after_triton_default()
     runner = _runner(gdn)

@@ -24,6 +24,9 @@ from sglang.srt.model_executor.runner_utils.prefill_graph import (
     is_in_full_prefill_graph,
 )
 from sglang_graphfix.srt.full_prefill_graph_capability import (
+    FLASHINFER_GDN_CAPTURE_SM,
+    device_sm,
+    flashinfer_gdn_prefill_captures,
     require_capturable_full_prefill_graph,
 )
 from sglang_graphfix.srt.layers.attention.linear.gdn_prefill_graph import (
@@ -57,8 +60,9 @@ def prepare_full_prefill_graph_tables(
 # Why:     The eager extend launches from host-side lengths (causal_conv1d_fn's
 #          seq_lens_cpu, FLA's prepare_chunk_indices .tolist()), which capture
 #          either rejects or freezes at the capture batch.
-# How:     gdn_extend_in_graph: the same Triton kernels, fed the static tables
-#          that prepare_full_prefill_graph_tables refills before each replay.
+# How:     gdn_extend_in_graph: the backend's own prefill kernel (Triton, or
+#          FlashInfer on Hopper) fed the static tables that
+#          prepare_full_prefill_graph_tables refills before each replay.
 # Upstream: sglang/srt/layers/attention/linear/gdn_backend.py::GDNAttnBackend.forward_extend
 # Removal: once upstream GDN captures its extend (as KDA does for breakable graphs).
 def gdn_extend_on_full_graph_tables(
@@ -81,37 +85,44 @@ def gdn_extend_on_full_graph_tables(
         mixed_qkv=mixed_qkv,
         a=a,
         b=b,
+        extend_kernel=self.kernel_dispatcher.extend_kernel,
     )
 
 
-# What:    Wraps flashinfer_gdn_prefill_default: under a full prefill CUDA graph,
-#          build the GDN backend with the Triton prefill kernel, and remember
-#          sglang's default for the batches the graph does not take.
-# Why:     The captured GDN extend runs the Triton chunk kernels on static tables
-#          and the capture-time check asks for the Triton prefill kernel; an
-#          automatic FlashInfer prefill would fail that check. Keeping Triton for
-#          every prefill (as before) also put the eager fallback -- every batch
-#          above full_prefill_max_req requests or the largest bucket -- on
-#          Triton instead of sglang's default (issue 13).
-# How:     Return None (Triton) and record the default on the model runner
-#          (EAGER_GDN_PREFILL_DEFAULT); once the prefill graph has captured,
-#          prefill_cuda_graph_runner.route_full_prefill_fallback puts the eager
-#          extend back on that default. An explicit --linear-attn-prefill-backend
-#          never reaches this default.
+# What:    Wraps flashinfer_gdn_prefill_default: under a full prefill CUDA graph
+#          on a GPU other than Hopper, build the GDN backend with the Triton
+#          prefill kernel, and remember sglang's default for the batches the
+#          graph does not take.
+# Why:     The captured GDN extend runs FlashInfer's GDN prefill only where it
+#          was checked to capture (SM90, FLASHINFER_GDN_CAPTURE_SM); elsewhere it
+#          runs the Triton chunk kernels, and an automatic FlashInfer prefill
+#          would fail the capture-time check. Keeping Triton for every prefill
+#          (as before) also put the eager fallback on Triton instead of
+#          sglang's default (issue 13).
+# How:     On SM90, sglang's default unchanged: graph and eager batches run the
+#          same kernel. Elsewhere return None (Triton) and record the default on
+#          the model runner (EAGER_GDN_PREFILL_DEFAULT); once the prefill graph
+#          has captured, prefill_cuda_graph_runner.route_full_prefill_fallback
+#          puts the eager extend back on it. An explicit
+#          --linear-attn-prefill-backend never reaches this default.
 # Upstream: sglang/srt/layers/attention/linear/gdn_backend.py::flashinfer_gdn_prefill_default
 # Removal: with gdn_extend_on_full_graph_tables, or once FlashInfer GDN prefill
-#          can be captured.
+#          is checked to capture on every GPU that picks it.
 def keep_triton_gdn_prefill_for_full_graph(original, model_runner):
     default = original(model_runner)
     if default is None or not check_cuda_graph_backend(Phase.PREFILL, Backend.FULL):
+        return default
+    if flashinfer_gdn_prefill_captures(default, device_sm()):
         return default
     if model_runner is not None:
         setattr(model_runner, EAGER_GDN_PREFILL_DEFAULT, default)
     logger.warning(
         "Keeping the Triton GDN prefill kernel instead of the %s default for the "
-        "full prefill CUDA graph, which captures the Triton GDN extend; prefill "
-        "batches the graph does not take run %s once it is captured.",
+        "full prefill CUDA graph, which captures the %s GDN extend only on SM%d; "
+        "prefill batches the graph does not take run %s once it is captured.",
         default,
+        default,
+        FLASHINFER_GDN_CAPTURE_SM,
         default,
     )
     return None

@@ -8,12 +8,17 @@ takes ``seq_lens_cpu`` and the FLA chunk kernels build ``chunk_indices`` with a
 ``.tolist()`` (``prepare_chunk_indices``), whose ``tensor_cache`` would also replay
 capture-time values. A full prefill graph records one launch per token bucket,
 so every launch here reads the static tables of ``KDAPrefillGraphMetadata``
-instead: the same delta-rule chunk size (64) and conv blocks, filled on the host
-before each replay. Padded table rows point past their sequence or carry
+instead: the same delta-rule chunk size (64) and conv blocks, refilled before
+each replay. Padded table rows point past their sequence or carry
 ``PAD_SLOT_ID`` and do no work; tokens past the batch belong to no sequence and
 their output rows stay zero.
 
-The kernels are sglang's own; only their table arguments change.
+The delta rule runs on the prefill kernel the backend was built with: sglang's
+Triton chunk kernels on the tables, or -- sglang's default on Hopper -- the
+FlashInfer GDN prefill kernel, which reads only ``cu_seqlens`` and state slots
+on the device and sizes its launch from tensor shapes, so it captures as is.
+The kernels are sglang's (and FlashInfer's) own; only their table arguments
+change.
 """
 
 from __future__ import annotations
@@ -43,6 +48,9 @@ from sglang.srt.layers.attention.linear.kda_prefill_graph import (
     KDA_CHUNK_SIZE,
     KDAPrefillGraphMetadata,
 )
+from sglang.srt.layers.attention.linear.kernels.gdn_flashinfer import (
+    FlashInferGDNKernel,
+)
 from sglang.srt.layers.attention.linear.utils import (
     LinearAttnBackends,
     LinearAttnKernelBackend,
@@ -65,11 +73,13 @@ def gdn_extend_in_graph(
     mixed_qkv: torch.Tensor,
     a: torch.Tensor,
     b: torch.Tensor,
+    extend_kernel=None,
 ) -> torch.Tensor:
-    """GDNAttnBackend.forward_extend (plain extend, Triton kernels) with launch
-    grids that depend only on the bucket. ``conv_states`` / ``ssm_states`` are the
-    layer's [slots, dim, kernel-1] and [slots, H, V, K] pools. Returns
-    [1, num_tokens, H, V]."""
+    """GDNAttnBackend.forward_extend (plain extend) with launch grids that depend
+    only on the bucket. ``conv_states`` / ``ssm_states`` are the layer's
+    [slots, dim, kernel-1] and [slots, H, V, K] pools; ``extend_kernel`` is the
+    backend's prefill kernel (its dispatcher's extend_kernel; None: Triton).
+    Returns [1, num_tokens, H, V]."""
     if meta.track:
         # Before the conv kernel shifts the cache; the windows come from the raw input.
         _snapshot_conv_windows(conv_states, mixed_qkv, meta)
@@ -108,10 +118,54 @@ def gdn_extend_in_graph(
         )
     g, beta = fused_gdn_gating(layer.A_log, a, b, layer.dt_bias)
 
+    if isinstance(extend_kernel, FlashInferGDNKernel):
+        o, checkpoints = flashinfer_delta_rule_on_tables(
+            extend_kernel, q, k, v, g, beta, ssm_states, meta
+        )
+        if meta.track:
+            _snapshot_ssm_states(ssm_states, checkpoints, meta, flashinfer=True)
+        return o
     o, h = chunk_gated_delta_rule_on_tables(q, k, v, g, beta, ssm_states, meta)
     if meta.track:
         _snapshot_ssm_states(ssm_states, h, meta)
     return o
+
+
+def flashinfer_delta_rule_on_tables(kernel, q, k, v, g, beta, ssm_states, meta):
+    """FlashInferGDNKernel.extend (GDNAttnBackend's call) on the bucket's tables.
+    Padding rows read and write the reserved padding slot, not FlashInfer's
+    stand-in for a negative slot (the pool's last, a live request's); tokens past
+    the batch keep zero output rows. With prefix-cache tracking, the kernel
+    snapshots every 64-token chunk boundary into a buffer sized by the bucket,
+    located per row by on-device starts. Returns (o, checkpoints or None)."""
+    slots = torch.where(meta.cache_indices >= 0, meta.cache_indices, _PADDING_SLOT)
+    num_checkpoints = meta.num_tokens // CHUNK_SIZE if meta.track else 0
+    starts = None
+    if num_checkpoints:
+        starts = flashinfer_checkpoint_starts(meta.cu_seqlens)
+    o, _, checkpoints = kernel.extend(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        ssm_states=ssm_states,
+        cache_indices=slots,
+        query_start_loc=meta.cu_seqlens,
+        state_checkpoint_cu_starts=starts,
+        num_state_checkpoints=num_checkpoints,
+        state_checkpoint_every_n_tokens=CHUNK_SIZE if num_checkpoints else 0,
+        output=torch.zeros_like(v),
+    )
+    return o, checkpoints
+
+
+def flashinfer_checkpoint_starts(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Per row, the index of its first FlashInfer chunk-boundary snapshot: the
+    exclusive prefix sum of floor(len / 64) (as sglang's eager checkpoint plan
+    builds it on the host), computed on the device."""
+    counts = torch.diff(cu_seqlens.to(torch.int64)) // CHUNK_SIZE
+    return torch.nn.functional.pad(torch.cumsum(counts, 0), (1, 0))
 
 
 def chunk_gated_delta_rule_on_tables(q, k, v, g, beta, ssm_states, meta):
@@ -189,19 +243,36 @@ def chunk_state_rows(meta, num_chunk_rows: int) -> torch.Tensor:
     return rows.clamp(max=num_chunk_rows - 1)
 
 
+def flashinfer_checkpoint_rows(meta, num_checkpoints: int) -> torch.Tensor:
+    """Per table row: the FlashInfer snapshot holding the state at its tracked
+    chunk boundary. Triton's ``h`` names the state before chunk c, FlashInfer
+    snapshots after each chunk: c - 1 (sglang's eager checkpoint plan)."""
+    first = flashinfer_checkpoint_starts(meta.cu_seqlens)[:-1]
+    rows = first + meta.track_chunk_idx.to(torch.int64) - 1
+    return rows.clamp(min=0, max=num_checkpoints - 1)
+
+
 def _snapshot_conv_windows(conv_states, mixed_qkv, meta) -> None:
     """Eager GDN: conv_states[dst] = mixed_qkv[window rows].T per tracked row."""
     rows, dst = conv_window_rows(meta, conv_states.shape[-1], mixed_qkv.device)
     conv_states[dst] = mixed_qkv[rows].transpose(1, 2).to(conv_states.dtype)
 
 
-def _snapshot_ssm_states(ssm_states, h, meta) -> None:
-    """Eager GDN (Triton) tracks the bf16 per-chunk state ``h`` at the row's last
-    chunk boundary, or the final state of chunk-aligned rows; kda_track_ssm_state
-    does the per-row copy on a grid fixed by the table."""
+def _snapshot_ssm_states(ssm_states, h, meta, flashinfer: bool = False) -> None:
+    """Eager GDN tracks the per-chunk state at the row's last chunk boundary
+    (Triton's bf16 ``h``, FlashInfer's fp32 snapshots), or the final state of
+    chunk-aligned rows; kda_track_ssm_state does the per-row copy on a grid fixed
+    by the table. Without snapshots (a bucket under one chunk) no row tracks a
+    chunk state, so the chunk source is a placeholder."""
+    if h is None:
+        h_track = ssm_states.new_empty((meta.max_seqs, *ssm_states.shape[1:]))
+    elif flashinfer:
+        h_track = h[0].index_select(0, flashinfer_checkpoint_rows(meta, h.shape[1]))
+    else:
+        h_track = h[0].index_select(0, chunk_state_rows(meta, h.shape[1]))
     kda_track_ssm_state(
         ssm_pool=ssm_states,
-        h_track=h[0].index_select(0, chunk_state_rows(meta, h.shape[1])),
+        h_track=h_track,
         track_mode=meta.track_mode,
         track_dst=meta.track_dst,
         cache_indices=meta.cache_indices,

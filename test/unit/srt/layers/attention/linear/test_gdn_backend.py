@@ -10,8 +10,10 @@ from gdn_stub import (
     BUCKET,
     CHUNK,
     LENS,
+    MAPPING,
     SLOTS_PER_GRAPH,
     TRACK_DST,
+    TRACKED,
     WINDOW,
     capture_view,
     live_batch,
@@ -36,15 +38,19 @@ from sglang.kernels.ops.mamba.kda_prefill_track import (
 from sglang.srt.arg_groups.overrides import model_config_of
 from sglang.srt.layers.attention.attention_registry import attn_backend_wrapper
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase
+from sglang.srt.layers.attention.linear.kernels import gdn_flashinfer
 from sglang.srt.model_executor.runner_utils.prefill_graph import prefill_graph_scope
 from sglang.srt.runtime_context import create_context, use_context
 from sglang.srt.server_args import ServerArgs
 from sglang_graphfix.cli import simulated_gpu
 from sglang_graphfix.srt import full_prefill_graph_capability as capability
 from sglang_graphfix.srt.layers.attention.linear import gdn_backend as ours
+from sglang_graphfix.srt.layers.attention.linear import gdn_prefill_graph
 from sglang_graphfix.srt.layers.attention.linear.gdn_prefill_graph import (
     chunk_state_rows,
     conv_window_rows,
+    flashinfer_checkpoint_rows,
+    flashinfer_checkpoint_starts,
 )
 
 
@@ -209,15 +215,18 @@ class _Built(Exception):
 
 
 @pytest.mark.parametrize(
-    "prefill_graph, kernel", [("full", "triton"), ("breakable", "flashinfer")]
-)
+    "prefill_graph, capture_sm, kernel",
+    [("full", 90, "flashinfer"), ("full", 100, "triton"), ("breakable", 100, "flashinfer")],
+)  # fmt: skip
 def test_gdn_prefill_kernel_sglang_picks_under_each_prefill_graph(
-    tmp_path, monkeypatch, caplog, prefill_graph, kernel
+    tmp_path, monkeypatch, caplog, prefill_graph, capture_sm, kernel
 ):
     """sglang's attn_backend_wrapper asks flashinfer_gdn_prefill_default for the
     GDN prefill kernel of a Qwen3-Next on an H200 (resolved and published as a
-    scheduler does; only the hardware probes answered): FlashInfer, unless the
-    prefill graph is full, whose captured extend runs the Triton kernels."""
+    scheduler does; only the hardware probes answered): FlashInfer, which a full
+    prefill graph captures on SM90; were the H200 not the GPU on which FlashInfer's
+    capture is checked (capture_sm), the full graph keeps the Triton kernels."""
+    monkeypatch.setattr(capability, "FLASHINFER_GDN_CAPTURE_SM", capture_sm)
     args = ServerArgs(
         model_path=write_config("qwen3_next", tmp_path / "qwen3_next"),
         cuda_graph_backend_prefill=prefill_graph,
@@ -250,9 +259,111 @@ def test_gdn_prefill_kernel_sglang_picks_under_each_prefill_graph(
             mamba_pool=SimpleNamespace(mamba_cache=fp32_state)
         ),
     )
-    with use_context(context), pytest.raises(_Built):
+    with simulated_gpu("h200"), use_context(context), pytest.raises(_Built):
         attn_backend_wrapper(runner, object())
     assert built["backends"].prefill.value == kernel
     assert ("Keeping the Triton GDN prefill kernel" in caplog.text) == (
-        prefill_graph == "full"
+        kernel == "triton"
+    )
+
+
+# ---- FlashInfer GDN prefill inside the graph (sglang's default on SM90) ----
+
+
+def test_flashinfer_snapshot_rows_match_sglangs_eager_checkpoint_plan(monkeypatch):
+    """The rows of FlashInfer's chunk-boundary snapshots the captured extend copies
+    to the track slots equal sglang's eager plan (maybe_build_flashinfer_checkpoint_plan,
+    on the same batch), as do the per-row snapshot starts. Row 0 is untracked
+    here: its track point lies in its first chunk, which the eager FlashInfer
+    plan refuses ("precedes the first FlashInfer checkpoint")."""
+    monkeypatch.setattr(gdn_flashinfer, "mamba_cache_chunk_size", lambda: CHUNK)
+    backend = make_gdn()
+    ours.prepare_full_prefill_graph_tables(backend, capture_view(), in_capture=True)
+    live = live_batch()
+    live.mamba_prefill_track_mask_cpu = [False, *TRACKED[1:]]
+    live.mamba_track_mask = torch.tensor(live.mamba_prefill_track_mask_cpu)
+    meta = ours.prepare_full_prefill_graph_tables(
+        backend, replay_view(live), in_capture=False
+    )
+    slots = backend.req_to_token_pool.get_mamba_indices(live.req_pool_indices)
+    (_, h_src, h_dst, *_) = MambaAttnBackendBase._init_track_ssm_indices_from_cpu(
+        backend, slots, live
+    )
+    plan = SimpleNamespace(track_ssm_h_src=h_src, track_ssm_h_dst=h_dst)
+    gdn_flashinfer.maybe_build_flashinfer_checkpoint_plan(live, plan, "cpu")
+    chunk_rows = [
+        r for r, m in enumerate(meta.track_mode.tolist()) if m == TRACK_CHUNK_STATE
+    ]
+    starts = flashinfer_checkpoint_starts(meta.cu_seqlens)
+    assert starts[: len(LENS) + 1].tolist() == plan.state_checkpoint_cu_starts.tolist()
+    assert (starts[len(LENS) :] == plan.num_state_checkpoints).all()  # padding rows
+    rows = flashinfer_checkpoint_rows(meta, BUCKET // CHUNK)
+    assert chunk_rows == [2]
+    assert rows[chunk_rows].tolist() == plan.track_ssm_h_src.tolist()
+
+
+class _RecordingFlashInferKernel(gdn_flashinfer.FlashInferGDNKernel):
+    """FlashInferGDNKernel whose extend records its arguments (no GPU here)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def extend(self, q, k, v, g, beta, **kwargs):
+        self.calls.append(kwargs)
+        checkpoints = kwargs["num_state_checkpoints"]
+        h = torch.zeros(1, checkpoints, *kwargs["ssm_states"].shape[1:])
+        return kwargs["output"], None, h if checkpoints else None
+
+
+def test_captured_extend_runs_the_flashinfer_kernel_on_the_tables(monkeypatch):
+    """gdn_extend_in_graph with the backend's FlashInfer prefill kernel: it gets
+    the bucket's cu_seqlens, no negative state slot (FlashInfer would map it to
+    the pool's last slot, a live request's: padding rows use the padding slot 0),
+    one snapshot per 64 tokens of the bucket at the table's per-row starts, and a
+    zeroed output (tokens past the batch stay zero)."""
+    meta, _ = _captured_then_replayed(make_gdn())
+    kernel = _RecordingFlashInferKernel()
+    launched = {}
+    monkeypatch.setattr(
+        gdn_prefill_graph, "causal_conv1d_fn", lambda x, *a, **kw: x.clone()
+    )
+    monkeypatch.setattr(
+        gdn_prefill_graph,
+        "chunk_gated_delta_rule_on_tables",
+        lambda *a: pytest.fail("ran the Triton chunk kernels"),
+    )
+    monkeypatch.setattr(gdn_prefill_graph, "fused_gdn_gating", lambda *a: (a[1], a[2]))
+    monkeypatch.setattr(gdn_prefill_graph, "MAX_FUSED_QKV_SPLIT_DIM", 0)
+    for name in ("_snapshot_conv_windows", "kda_track_ssm_state"):
+        monkeypatch.setattr(
+            gdn_prefill_graph, name, lambda *a, _n=name, **kw: launched.update({_n: kw})
+        )
+    hk, hv, d = 1, 2, 128
+    layer = SimpleNamespace(
+        conv_weights=None, bias=None, activation="silu", A_log=None, dt_bias=None,
+        num_q_heads=hk, num_k_heads=hk, num_v_heads=hv,
+        head_q_dim=d, head_k_dim=d, head_v_dim=d,
+        q_dim=hk * d, k_dim=hk * d, v_dim=hv * d,
+    )  # fmt: skip
+    ssm = torch.zeros(len(MAPPING), hv, d, d)
+    mixed = torch.randn(BUCKET, (2 * hk + hv) * d)
+    out = gdn_prefill_graph.gdn_extend_in_graph(
+        layer=layer, meta=meta, conv_states=None, ssm_states=ssm, mixed_qkv=mixed,
+        a=torch.zeros(BUCKET, hv), b=torch.zeros(BUCKET, hv), extend_kernel=kernel,
+    )  # fmt: skip
+    (call,) = kernel.calls
+    assert call["query_start_loc"] is meta.cu_seqlens
+    assert call["cache_indices"].tolist() == [5, 9, 2, 0]
+    assert call["num_state_checkpoints"] == BUCKET // CHUNK
+    assert call["state_checkpoint_every_n_tokens"] == CHUNK
+    assert call["state_checkpoint_cu_starts"].tolist() == [0, 0, 1, 2, 2]
+    assert call["ssm_states"] is ssm
+    assert out is call["output"] and out.shape == (1, BUCKET, hv, d)
+    assert not out.any()
+    # The tracked chunk states come from the snapshots, one row per table row.
+    assert launched["kda_track_ssm_state"]["h_track"].shape == (
+        SLOTS_PER_GRAPH,
+        hv,
+        d,
+        d,
     )
