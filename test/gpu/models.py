@@ -115,3 +115,30 @@ def tiny_llama(path: Path, seed: int = 0) -> str:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(path)
     return str(path)
+
+
+def qwen3_next_1024(path: Path) -> str:
+    """A Qwen3-Next layout at hidden 1024 and 8 layers (two of GDN x3 + full
+    attention), GDN heads of 128 (4 key, 8 value: the real model's 1:2), 16
+    experts top-4; transformers' own init, so prompts have real logit spreads."""
+    from transformers import AutoModelForCausalLM
+
+    config = qwen3_next_config(
+        hidden_size=1024,
+        intermediate_size=2048,
+        num_hidden_layers=8,
+        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        linear_num_key_heads=4,
+        linear_num_value_heads=8,
+        num_experts=16,
+        num_experts_per_tok=4,
+        moe_intermediate_size=256,
+        shared_expert_intermediate_size=256,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(path)
+    add_qwen3_next_layout(path)
+    return str(path)

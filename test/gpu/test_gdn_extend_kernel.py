@@ -1,6 +1,9 @@
 """gdn_extend_in_graph, captured once in a CUDA graph and replayed for several
 batches, against sglang's eager GDN extend (the same calls GDNAttnBackend makes:
-causal_conv1d_fn with host lengths, chunk_gated_delta_rule with cu_seqlens)."""
+causal_conv1d_fn with host lengths, then the delta rule with cu_seqlens), for
+each prefill kernel the graph captures: sglang's Triton chunk kernels, and the
+FlashInfer GDN prefill (FlashInferGDNKernel.extend, sglang's default on SM90)
+with its eager checkpoint plan for the tracked states."""
 
 from types import SimpleNamespace
 
@@ -17,6 +20,9 @@ from sglang.kernels.ops.attention.triton_gdn_fused_proj import (
 from sglang.srt.layers.attention.linear.kda_prefill_graph import (
     KDAPrefillGraphMetadata,
     build_track_rows,
+)
+from sglang.srt.layers.attention.linear.kernels.gdn_flashinfer import (
+    FlashInferGDNKernel,
 )
 from sglang.srt.layers.attention.mamba.causal_conv1d import causal_conv1d_fn
 from sglang_graphfix.srt.layers.attention.linear.gdn_prefill_graph import (
@@ -73,7 +79,7 @@ def _pools():
     return conv, ssm
 
 
-def _eager(layer, conv, ssm, x, a, b, lens, slots, prefix, track):
+def _eager(kernel, layer, conv, ssm, x, a, b, lens, slots, prefix, track):
     """GDNAttnBackend.forward_extend's plain-extend path, plus its track copies."""
     cu = torch.tensor(
         [0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV
@@ -94,16 +100,29 @@ def _eager(layer, conv, ssm, x, a, b, lens, slots, prefix, track):
     ).transpose(0, 1)[: x.shape[0]]
     q, k, v = fused_qkv_split_gdn_prefill(xs, HK, HK, HV, D, D, D)
     g, beta = fused_gdn_gating(layer.A_log, a, b, layer.dt_bias)
-    o, _, h = chunk_gated_delta_rule(
-        q, k, v, g, beta, initial_state=ssm, initial_state_indices=idx,
-        cu_seqlens=cu, head_first=False, use_qk_l2norm_in_kernel=True,
-    )  # fmt: skip
-    if track is not None:
+    if isinstance(kernel, FlashInferGDNKernel):
+        # maybe_build_flashinfer_checkpoint_plan: one snapshot after every 64
+        # tokens; the state before chunk c is snapshot c - 1 of its row.
+        starts = [0, *torch.tensor([n // CHUNK for n in lens]).cumsum(0).tolist()]
+        n = starts[-1] if track is not None else 0
+        o, _, h = kernel.extend(
+            q, k, v, g, beta, ssm_states=ssm, cache_indices=idx, query_start_loc=cu,
+            state_checkpoint_cu_starts=torch.tensor(starts, device=DEV) if n else None,
+            num_state_checkpoints=n, state_checkpoint_every_n_tokens=CHUNK if n else 0,
+        )  # fmt: skip
+        chunk_state = lambda row, chunk: h[0, starts[row] + chunk - 1]  # noqa: E731
+    else:
+        o, _, h = chunk_gated_delta_rule(
+            q, k, v, g, beta, initial_state=ssm, initial_state_indices=idx,
+            cu_seqlens=cu, head_first=False, use_qk_l2norm_in_kernel=True,
+        )  # fmt: skip
         offsets = prepare_chunk_offsets(cu.long(), CHUNK).tolist()
+        chunk_state = lambda row, chunk: h[0, offsets[row] + chunk]  # noqa: E731
+    if track is not None:
         for row, dst, window in windows:
             conv[dst] = window
         for row, chunk in track.chunk_rows:
-            ssm[track.dst[row]] = h[0, offsets[row] + chunk].float()
+            ssm[track.dst[row]] = chunk_state(row, chunk).float()
         for row in track.final_rows:
             ssm[track.dst[row]] = ssm[slots[row]]
     return o
@@ -121,7 +140,11 @@ def _eager_conv_windows(x, cu, lens, prefix, track):
     return out
 
 
-def _track_rows(lens, prefix, mask, dst):
+def _track_rows(kernel, lens, prefix, mask, dst):
+    if isinstance(kernel, FlashInferGDNKernel):
+        # sglang's eager FlashInfer plan refuses a track point inside the first
+        # chunk ("precedes the first FlashInfer checkpoint"): not tracked here.
+        mask = [m and n >= CHUNK for m, n in zip(mask, lens)]
     return build_track_rows(
         track_mask=mask,
         track_seq_lens=[p + n for p, n in zip(prefix, lens)],
@@ -137,8 +160,8 @@ def _track_rows(lens, prefix, mask, dst):
 class _CapturedExtend:
     """One bucket captured once; every batch replays it after a table refill."""
 
-    def __init__(self, layer, conv, ssm):
-        self.layer, self.conv, self.ssm = layer, conv, ssm
+    def __init__(self, kernel, layer, conv, ssm):
+        self.kernel, self.layer, self.conv, self.ssm = kernel, layer, conv, ssm
         self.meta = KDAPrefillGraphMetadata.allocate(
             num_tokens=BUCKET, max_seqs_cap=MAX_SEQS, track=True,
             cache_index_dtype=torch.int32, device=DEV,
@@ -163,6 +186,7 @@ class _CapturedExtend:
         return gdn_extend_in_graph(
             layer=self.layer, meta=self.meta, conv_states=self.conv,
             ssm_states=self.ssm, mixed_qkv=self.x, a=self.a, b=self.b,
+            extend_kernel=self.kernel,
         )  # fmt: skip
 
     def load(self, lens, slots, prefix, track, x, a, b):
@@ -183,20 +207,26 @@ class _CapturedExtend:
         return self.out[0, :n]
 
 
-@pytest.fixture(scope="module")
-def captured():
+KERNELS = {"triton": lambda: None, "flashinfer": FlashInferGDNKernel}
+
+
+@pytest.fixture(scope="module", params=list(KERNELS))
+def captured(request):
     layer = _layer()
     conv, ssm = _pools()
-    return layer, _CapturedExtend(layer, conv, ssm)
+    kernel = KERNELS[request.param]()
+    return layer, _CapturedExtend(kernel, layer, conv, ssm), request.param
 
 
 def _run_batch(layer, captured, batch_id, corrupt=None):
     lens, slots, prefix, mask, dst = BATCHES[batch_id]
     x, a, b = _inputs(sum(lens), batch_id)
     conv0, ssm0 = _pools()
-    track = _track_rows(lens, prefix, mask, dst)
+    track = _track_rows(captured.kernel, lens, prefix, mask, dst)
     conv_e, ssm_e = conv0.clone(), ssm0.clone()
-    ref = _eager(layer, conv_e, ssm_e, x, a, b, lens, slots, prefix, track)[0]
+    ref = _eager(
+        captured.kernel, layer, conv_e, ssm_e, x, a, b, lens, slots, prefix, track
+    )[0]
     captured.conv.copy_(conv0), captured.ssm.copy_(ssm0)
     captured.load(lens, slots, prefix, track, x, a, b)
     if corrupt is not None:
@@ -216,11 +246,16 @@ def _run_batch(layer, captured, batch_id, corrupt=None):
 
 
 def test_replayed_graph_matches_eager_extend(captured):
-    layer, graph = captured
+    layer, graph, kernel = captured
     diffs = {f"batch{i}": _run_batch(layer, graph, i) for i in range(len(BATCHES))}
     write_result(
-        "gdn_extend_kernel",
-        {"bucket": BUCKET, "max_seqs": MAX_SEQS, "max_abs_diff": diffs},
+        f"gdn_extend_kernel_{kernel}",
+        {
+            "kernel": kernel,
+            "bucket": BUCKET,
+            "max_seqs": MAX_SEQS,
+            "max_abs_diff": diffs,
+        },
     )
     for d in diffs.values():
         assert d["output"] <= 2e-2 * max(1.0, d["output_scale"]), d
@@ -229,12 +264,12 @@ def test_replayed_graph_matches_eager_extend(captured):
 
 def test_wrong_state_slot_is_detected(captured):
     """Can-fail control: the same replay pointed at the padding state slot."""
-    layer, graph = captured
+    layer, graph, kernel = captured
     d = _run_batch(
         layer,
         graph,
         0,
         corrupt=lambda m: m.cache_indices.masked_fill_(m.cache_indices >= 0, 0),
     )
-    write_result("gdn_extend_kernel_wrong_state", {"max_abs_diff": d})
+    write_result(f"gdn_extend_kernel_{kernel}_wrong_state", {"max_abs_diff": d})
     assert d["output"] > 2e-2 * max(1.0, d["output_scale"]) or d["ssm_state"] > 2e-2, d
