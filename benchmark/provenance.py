@@ -2,9 +2,9 @@
 benchmark writes ``"provenance": provenance()`` into its benchmark/results/*.json,
 and benchmark/render_results.py prints it beside the numbers.
 
-The commit comes from git; on a machine that got the tree without its .git
-folder, from ``GRAPHFIX_COMMIT`` (set it where the tree is shipped, e.g.
-``GRAPHFIX_COMMIT=$(git rev-parse HEAD)$(git diff --quiet HEAD || echo -dirty)``);
+The commit comes from ``GRAPHFIX_COMMIT`` where the tree was shipped with it
+(``GRAPHFIX_COMMIT=$(git rev-parse HEAD)$(git diff --quiet HEAD || echo -dirty)``:
+a shipped copy may carry a stale .git, as the GPU machine's did), else from git;
 else it is recorded as unknown (None), never guessed."""
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ def _git(*args: str) -> str | None:
 
 def _commit() -> tuple[str | None, bool | None, str]:
     """(commit, dirty, where it came from); dirty: tracked files differ from it."""
-    commit = _git("rev-parse", "HEAD")
-    if commit is not None:
-        status = _git("status", "--porcelain", "--untracked-files=no")
-        return commit, None if status is None else bool(status), "git"
     shipped = os.environ.get("GRAPHFIX_COMMIT")
     if shipped:
         sha, dirty = shipped.removesuffix("-dirty"), shipped.endswith("-dirty")
         return sha, dirty, "GRAPHFIX_COMMIT"
+    commit = _git("rev-parse", "HEAD")
+    if commit is not None:
+        status = _git("status", "--porcelain", "--untracked-files=no")
+        return commit, None if status is None else bool(status), "git"
     return None, None, "unknown (no git checkout, GRAPHFIX_COMMIT unset)"
 
 

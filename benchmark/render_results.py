@@ -375,6 +375,49 @@ def plugin_and_fallback() -> list:
     ]
 
 
+def flashinfer_gdn_capture() -> list:
+    """FlashInfer's GDN prefill captured in the full prefill graph (off by
+    default; results/gpu/flashinfer_gdn_capture/, whose README.md says why)."""
+    folder = "gpu/flashinfer_gdn_capture/"
+    kernel = _load(folder + "gdn_extend_kernel_flashinfer.json")["max_abs_diff"]
+    bad = _load(folder + "gdn_extend_kernel_flashinfer_wrong_state.json")
+    hybrid = _load(folder + "hybrid_gdn_full_prefill_vs_eager.json")
+    hybrid_bad = _load(folder + "hybrid_gdn_full_prefill_wrong_state.json")["batches"]
+    acc = _load(folder + "gdn_prefill_accuracy_fp32.json")
+    lengths, greedy = acc["prompt_lengths"], acc["greedy_error"]
+    nan = [n for n, e in zip(lengths, greedy["full"]) if e != e]
+
+    def errs(name):
+        return " / ".join("NaN" if e != e else f"{e:.3f}" for e in greedy[name])
+
+    return [
+        "",
+        "FlashInfer's GDN prefill inside the full prefill graph (H200; off by "
+        "default, see results/gpu/flashinfer_gdn_capture/README.md: the "
+        "provenance commit of these files is the GPU machine's stale .git):",
+        "",
+        "| check | result |",
+        "| --- | --- |",
+        "| one bucket replayed for 4 batches vs sglang's eager FlashInfer extend "
+        "| output max diff "
+        + " / ".join(f"{v['output']:g}" for v in kernel.values())
+        + "; wrong state slot (control): "
+        + f"{bad['max_abs_diff']['output']:.3f} |",
+        "| 4-layer Qwen3-Next engine, full graph vs eager on sglang's default kernels "
+        f"| {sum(len(b['mismatches']) for b in hybrid['batches'])} mismatches in "
+        f"{len(hybrid['batches'])} batches, max first-token logprob diff "
+        f"{max(f['max_logprob_diff'] for f in hybrid['first_token_topk']):.4f}; "
+        f"control diverges in {sum(map(_diverged, hybrid_bad))} of "
+        f"{len(hybrid_bad)} |",
+        f"| hidden-1024 Qwen3-Next, first-token logprob error vs fp32 transformers "
+        f"at {' / '.join(map(str, lengths))} tokens | full graph {errs('full')}; "
+        f"sglang default eager {errs('default')}; Triton eager {errs('triton')} "
+        f"(NaN at {', '.join(map(str, nan))} tokens) |",
+        "",
+        provenance_line(acc),
+    ]
+
+
 def render() -> str:
     return "\n".join(
         gdn_latency()
@@ -383,6 +426,7 @@ def render() -> str:
         + dsa_overhead()
         + merged_gate_precision()
         + plugin_and_fallback()
+        + flashinfer_gdn_capture()
     )
 
 

@@ -226,6 +226,8 @@ def run_mode(model_dir: Path, mode: str, args, log_dir: Path) -> dict:
         entry["ready_s"] = round(wait_ready(proc, port, args.ready_timeout), 1)
         for workload in args.workloads:
             for run in WORKLOADS[workload]:
+                if proc.poll() is not None:  # its log says why
+                    raise RuntimeError(f"server exited with {proc.returncode}")
                 bench_cmd, result = bench(model_dir, port, run, args.scale, log_dir)
                 entry["runs"][run[0]] = result
                 entry.setdefault("bench_commands", []).append(" ".join(bench_cmd))

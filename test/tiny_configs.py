@@ -204,8 +204,8 @@ def write_config(family: str, path: Path) -> str:
 def qwen3_next_80b_a3b_config(layers: int = 48, max_position_embeddings: int = 4096):
     """Qwen3-Next-80B-A3B's published layer dimensions (hidden 2048, 16/32 GDN heads
     of 128, 512 experts top-10, attention 16/2 heads of 256), ``layers`` deep (a
-    multiple of 4: three GDN layers, then one attention layer). For speed runs
-    with dummy weights; save it, then add_qwen3_next_layout."""
+    multiple of 4: three GDN layers, then one attention layer), bfloat16. For
+    speed runs with dummy weights; save it, then add_qwen3_next_layout."""
     from transformers import Qwen3NextConfig
 
     config = Qwen3NextConfig(
@@ -229,6 +229,8 @@ def qwen3_next_80b_a3b_config(layers: int = 48, max_position_embeddings: int = 4
         shared_expert_intermediate_size=512,
         max_position_embeddings=max_position_embeddings,
         rope_theta=10000000.0,
+        # As published: without it sglang's dtype "auto" serves float16.
+        dtype="bfloat16",
     )
     config.architectures = ["Qwen3NextForCausalLM"]
     return config

@@ -16,9 +16,12 @@ from engine_utils import (
 )
 from models import prompts
 
+from sglang_graphfix.srt.full_prefill_graph_capability import (
+    FLASHINFER_GDN_CAPTURE_SM,
+)
+
 # Greedy logprobs of the graph and eager engines stay well inside this: both run
-# the same GDN kernels (sglang's default: FlashInfer's GDN prefill on an H200,
-# which the full graph captures), but flashinfer plans the full-attention layer's
+# the same GDN kernels (EAGER_KERNEL), but flashinfer plans the full-attention layer's
 # prefill differently (paged vs ragged) and bf16 rounding of that layer moves
 # logprobs by up to ~0.01. A wrong linear state moves them far past it (see
 # test_wrong_graph_state_changes_outputs).
@@ -61,14 +64,17 @@ def _engine_kwargs(model_path, prefill):
 FULL = {"backend": "full", "bs": [16, 32, 64, 128, 256], "full_prefill_max_req": 4}
 
 
+# The graph engine's GDN prefill kernel: sglang's default (FlashInfer on an H200)
+# where sglang-graphfix captures FlashInfer's GDN prefill, else Triton.
+EAGER_KERNEL = (
+    {} if FLASHINFER_GDN_CAPTURE_SM == 90 else {"linear_attn_prefill_backend": "triton"}
+)
+
+
 @pytest.fixture(scope="module")
 def eager(qwen3_next_path):
-    # sglang's default kernels, as in the graph engine.
-    return run_engine(
-        _engine_kwargs(qwen3_next_path, {"backend": "disabled"}),
-        BATCHES,
-        top_logprobs_num=TOPK,
-    )
+    kwargs = _engine_kwargs(qwen3_next_path, {"backend": "disabled"})
+    return run_engine({**kwargs, **EAGER_KERNEL}, BATCHES, top_logprobs_num=TOPK)
 
 
 @pytest.fixture(scope="module")

@@ -98,14 +98,29 @@ class LinearFamily:
     conditions: tuple[Condition, ...] = ()
 
 
-# The compute capability on which the captured GDN extend runs FlashInfer's GDN
-# prefill kernel (sglang's default there), checked on an H200. Other GPUs capture
-# the Triton chunk kernels.
-FLASHINFER_GDN_CAPTURE_SM = 90
+# THE switch for GDN's FlashInfer prefill inside a full prefill graph: the
+# compute capability on which the captured GDN extend runs it (sglang's default
+# there) instead of the Triton chunk kernels; None: Triton everywhere. Off: on an
+# H200 the captured kernel equalled sglang's eager FlashInfer extend bit for bit
+# (benchmark/results/gpu/gdn_extend_kernel_flashinfer.json), but engines on a
+# hidden-1024 Qwen3-Next gave NaN first-token logprobs at some prompt lengths
+# (gdn_prefill_accuracy_fp32.json), with the token rows past the batch not yet
+# zeroed. Set it to 90 once test/gpu/test_gdn_prefill_accuracy.py passes so.
+FLASHINFER_GDN_CAPTURE_SM: int | None = None
 
 
 def flashinfer_gdn_prefill_captures(kernel: str | None, sm: int) -> bool:
-    return kernel == "flashinfer" and sm == FLASHINFER_GDN_CAPTURE_SM
+    return (
+        kernel == "flashinfer"
+        and FLASHINFER_GDN_CAPTURE_SM is not None
+        and sm == FLASHINFER_GDN_CAPTURE_SM
+    )
+
+
+def _captured_gdn_kernels() -> str:
+    if FLASHINFER_GDN_CAPTURE_SM is None:
+        return "the Triton kernels"
+    return f"the Triton kernels, or FlashInfer's on SM{FLASHINFER_GDN_CAPTURE_SM}"
 
 
 def _gdn_prefill_kernel() -> Condition:
@@ -116,9 +131,13 @@ def _gdn_prefill_kernel() -> Condition:
             and not flashinfer_gdn_prefill_captures(s.linear_prefill_kernel, s.sm)
         ),
         reason=lambda s: (
-            "the captured GDN extend runs the Triton kernels, or FlashInfer's on "
-            f"SM{FLASHINFER_GDN_CAPTURE_SM}, not {s.linear_prefill_kernel}"
-            + (f" on SM{s.sm}" if s.sm else "")
+            f"the captured GDN extend runs {_captured_gdn_kernels()}, not "
+            f"{s.linear_prefill_kernel}"
+            + (
+                f" on SM{s.sm}"
+                if s.sm and FLASHINFER_GDN_CAPTURE_SM is not None
+                else ""
+            )
         ),
         fix=lambda s: "set --linear-attn-prefill-backend triton",
     )
@@ -206,8 +225,8 @@ def _registry_defined(model_config) -> bool:
 
 # Linear-attention families, in attention_registry.attn_backend_wrapper's order.
 #   GDN      this package's captured extend on static per-bucket tables
-#            (..layers.attention.linear.gdn_prefill_graph), Triton kernels, or
-#            FlashInfer's GDN prefill on SM90;
+#            (..layers.attention.linear.gdn_prefill_graph), Triton kernels (or
+#            FlashInfer's GDN prefill, FLASHINFER_GDN_CAPTURE_SM);
 #   KDA      upstream's breakable-graph tables, Triton kernels only;
 #   Inkling  upstream records its short-conv metadata inside the graph
 #            (InklingShortConvAttnBackend.init_forward_metadata_in_graph).
@@ -463,7 +482,7 @@ def settings_from_server_args(server_args: Any) -> tuple[Settings, str | None]:
     kernel = None
     if family is not None and family.name in ("GDN", "KDA"):
         # Under a full prefill graph an automatic FlashInfer prefill default is
-        # either capturable (GDN on SM90) or off (GDN elsewhere:
+        # either capturable (GDN on FLASHINFER_GDN_CAPTURE_SM) or off (GDN else:
         # ..layers.attention.linear.gdn_backend; KDA: upstream's
         # flashinfer_kda_prefill_default), so the kernel to judge is the one
         # configured.

@@ -27,7 +27,8 @@ provenance = _load("provenance")
 render_results = _load("render_results")
 
 
-def test_provenance_records_this_checkout():
+def test_provenance_records_this_checkout(monkeypatch):
+    monkeypatch.delenv("GRAPHFIX_COMMIT", raising=False)
     rec = provenance.provenance()
     head = subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
@@ -41,6 +42,12 @@ def test_provenance_records_this_checkout():
     assert rec["device"] is None  # CPU tests
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", rec["date_utc"])
     assert rec["command"].startswith("python3 ")
+
+
+def test_the_shippers_commit_wins_over_a_git_folder(monkeypatch):
+    """A shipped tree may carry a stale .git (the GPU machine's did)."""
+    monkeypatch.setenv("GRAPHFIX_COMMIT", "0123abc")
+    assert provenance._commit() == ("0123abc", False, "GRAPHFIX_COMMIT")
 
 
 def test_commit_without_git_comes_from_the_shipper_or_is_unknown(monkeypatch, tmp_path):

@@ -234,15 +234,17 @@ def test_inkling_default_on_a100_falls_back_to_breakable(model_dirs, caplog):
 
 
 @pytest.mark.parametrize(
-    "family, gpu, captured",
+    "family, gpu, capture_sm, captured",
     [
-        ("kimi_linear", "h200", "the Triton kernels, not flashinfer"),
-        ("qwen3_next", "a100", "FlashInfer's on SM90, not flashinfer on SM80"),
+        ("kimi_linear", "h200", 90, "runs the Triton kernels, not flashinfer"),
+        ("qwen3_next", "h200", None, "runs the Triton kernels, not flashinfer"),
+        ("qwen3_next", "a100", 90, "FlashInfer's on SM90, not flashinfer on SM80"),
     ],
 )
 def test_explicit_full_with_a_non_triton_linear_prefill_kernel(
-    model_dirs, family, gpu, captured
+    model_dirs, monkeypatch, family, gpu, capture_sm, captured
 ):
+    monkeypatch.setattr(capability, "FLASHINFER_GDN_CAPTURE_SM", capture_sm)
     with pytest.raises(ValueError) as err:
         resolve(
             model_dirs,
@@ -255,8 +257,11 @@ def test_explicit_full_with_a_non_triton_linear_prefill_kernel(
     assert "set --linear-attn-prefill-backend triton" in str(err.value)
 
 
-def test_explicit_full_with_flashinfer_gdn_prefill_on_hopper(model_dirs, caplog):
-    """The captured GDN extend runs FlashInfer's GDN prefill on SM90: kept."""
+def test_explicit_full_with_flashinfer_gdn_prefill_where_it_captures(
+    model_dirs, monkeypatch, caplog
+):
+    """With FlashInfer's GDN prefill switched on for SM90, an H200 keeps it."""
+    monkeypatch.setattr(capability, "FLASHINFER_GDN_CAPTURE_SM", 90)
     with caplog.at_level(logging.WARNING):
         args = resolve(
             model_dirs,

@@ -20,6 +20,9 @@ from sglang.srt.layers.attention.linear.inkling_sconv_backend import (
     InklingShortConvAttnBackend,
 )
 from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
+from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import (
+    _MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR,
+)
 from sglang.srt.runtime_context import get_exec, get_spec
 from sglang_graphfix.srt.full_prefill_graph_capability import (
     require_capturable_full_prefill_graph,
@@ -214,7 +217,9 @@ PREFILL_PATHS = PrefillPathCounter()
 #          chunked_prefill_size 512 every multi-request batch did (issue 13),
 #          and nothing in the logs said so.
 # How:     After the original verdict, record "full graph" or the eager reason
-#          (request cap, token cap, else another of sglang's replay conditions).
+#          (request cap, token cap, padding past sglang's 2x limit -- a short
+#          prompt below half the smallest bucket --, else another of sglang's
+#          replay conditions).
 # Upstream: sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py::PrefillCudaGraphRunner.can_run_graph
 # Removal: once upstream reports prefill graph coverage (its metrics).
 def count_prefill_paths(original, self, forward_batch):
@@ -225,8 +230,15 @@ def count_prefill_paths(original, self, forward_batch):
 
 
 def _eager_reason(runner, forward_batch) -> str:
+    num_tokens = len(forward_batch.input_ids)
     if forward_batch.batch_size > runner._capture_req_slots:
         return f"more than {runner._capture_req_slots} requests"
-    if len(forward_batch.input_ids) > runner.max_num_tokens:
+    if num_tokens > runner.max_num_tokens:
         return f"more than {runner.max_num_tokens} tokens"
+    bucket = runner._pad_to_bucket(num_tokens, runner.capture_num_tokens)
+    if bucket > num_tokens * _MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR:
+        return (
+            f"under 1/{_MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR} of the smallest "
+            f"bucket that fits ({bucket} tokens)"
+        )
     return "other replay condition"

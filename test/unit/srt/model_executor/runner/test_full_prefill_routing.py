@@ -100,17 +100,19 @@ def test_each_prefill_batch_counts_its_path(caplog, fresh_counter):
     caplog.set_level(logging.INFO, logger=ours.__name__)
     verdicts = [
         runner.can_run_graph(_batch(lens))
-        for lens in ([16], [30, 30], [8, 8, 8], [600], [100, 100], [5] * 9)
+        for lens in ([16], [30, 30], [8, 8, 8], [600], [100, 100], [5] * 9, [7])
     ]
-    assert verdicts == [True, True, False, False, True, False]
+    assert verdicts == [True, True, False, False, True, False, False]
     assert fresh_counter.graph == 3
     assert fresh_counter.eager == {
         f"more than {SLOTS} requests": 2,
         "more than 512 tokens": 1,
+        # sglang's padding limit: 7 tokens would pad to the 16-token bucket
+        "under 1/2 of the smallest bucket that fits (16 tokens)": 1,
     }
     # One INFO line on the first eager batch of each reason, with the summary.
     first = [r.getMessage() for r in caplog.records if "first eager" in r.getMessage()]
-    assert len(first) == 2
+    assert len(first) == 3
     assert "more than 2 requests" in first[0] and "2 full graph, 1 eager" in first[0]
 
 

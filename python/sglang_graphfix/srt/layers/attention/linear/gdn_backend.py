@@ -24,7 +24,6 @@ from sglang.srt.model_executor.runner_utils.prefill_graph import (
     is_in_full_prefill_graph,
 )
 from sglang_graphfix.srt.full_prefill_graph_capability import (
-    FLASHINFER_GDN_CAPTURE_SM,
     device_sm,
     flashinfer_gdn_prefill_captures,
     require_capturable_full_prefill_graph,
@@ -89,25 +88,24 @@ def gdn_extend_on_full_graph_tables(
     )
 
 
-# What:    Wraps flashinfer_gdn_prefill_default: under a full prefill CUDA graph
-#          on a GPU other than Hopper, build the GDN backend with the Triton
-#          prefill kernel, and remember sglang's default for the batches the
-#          graph does not take.
-# Why:     The captured GDN extend runs FlashInfer's GDN prefill only where it
-#          was checked to capture (SM90, FLASHINFER_GDN_CAPTURE_SM); elsewhere it
-#          runs the Triton chunk kernels, and an automatic FlashInfer prefill
-#          would fail the capture-time check. Keeping Triton for every prefill
-#          (as before) also put the eager fallback on Triton instead of
-#          sglang's default (issue 13).
-# How:     On SM90, sglang's default unchanged: graph and eager batches run the
-#          same kernel. Elsewhere return None (Triton) and record the default on
-#          the model runner (EAGER_GDN_PREFILL_DEFAULT); once the prefill graph
-#          has captured, prefill_cuda_graph_runner.route_full_prefill_fallback
-#          puts the eager extend back on it. An explicit
-#          --linear-attn-prefill-backend never reaches this default.
+# What:    Wraps flashinfer_gdn_prefill_default: under a full prefill CUDA graph,
+#          build the GDN backend with the Triton prefill kernel, and remember
+#          sglang's default for the batches the graph does not take.
+# Why:     The captured GDN extend runs the Triton chunk kernels on static
+#          tables (FlashInfer's GDN prefill only where
+#          FLASHINFER_GDN_CAPTURE_SM says it was checked to capture), and an
+#          automatic FlashInfer prefill would fail the capture-time check.
+#          Keeping Triton for every prefill (as before) also put the eager
+#          fallback on Triton instead of sglang's default (issue 13).
+# How:     Where FlashInfer's GDN prefill captures, sglang's default unchanged.
+#          Else return None (Triton) and record the default on the model runner
+#          (EAGER_GDN_PREFILL_DEFAULT); once the prefill graph has captured,
+#          prefill_cuda_graph_runner.route_full_prefill_fallback puts the eager
+#          extend back on it. An explicit --linear-attn-prefill-backend never
+#          reaches this default.
 # Upstream: sglang/srt/layers/attention/linear/gdn_backend.py::flashinfer_gdn_prefill_default
 # Removal: with gdn_extend_on_full_graph_tables, or once FlashInfer GDN prefill
-#          is checked to capture on every GPU that picks it.
+#          captures on every GPU that picks it.
 def keep_triton_gdn_prefill_for_full_graph(original, model_runner):
     default = original(model_runner)
     if default is None or not check_cuda_graph_backend(Phase.PREFILL, Backend.FULL):
@@ -118,11 +116,9 @@ def keep_triton_gdn_prefill_for_full_graph(original, model_runner):
         setattr(model_runner, EAGER_GDN_PREFILL_DEFAULT, default)
     logger.warning(
         "Keeping the Triton GDN prefill kernel instead of the %s default for the "
-        "full prefill CUDA graph, which captures the %s GDN extend only on SM%d; "
+        "full prefill CUDA graph, which captures the Triton GDN extend here; "
         "prefill batches the graph does not take run %s once it is captured.",
         default,
-        default,
-        FLASHINFER_GDN_CAPTURE_SM,
         default,
     )
     return None

@@ -139,6 +139,11 @@ def flashinfer_delta_rule_on_tables(kernel, q, k, v, g, beta, ssm_states, meta):
     snapshots every 64-token chunk boundary into a buffer sized by the bucket,
     located per row by on-device starts. Returns (o, checkpoints or None)."""
     slots = torch.where(meta.cache_indices >= 0, meta.cache_indices, _PADDING_SLOT)
+    # Rows past the batch hold whatever the bucket's buffers held (the conv
+    # writes no row outside a sequence); zero them so no kernel path sees NaN.
+    pad = (meta.token_index >= meta.num_logical_tokens).view(1, -1, 1)
+    q, k, v = (t.masked_fill(pad.unsqueeze(-1), 0) for t in (q, k, v))
+    g, beta = g.masked_fill(pad, 0), beta.masked_fill(pad, 0)
     num_checkpoints = meta.num_tokens // CHUNK_SIZE if meta.track else 0
     starts = None
     if num_checkpoints:

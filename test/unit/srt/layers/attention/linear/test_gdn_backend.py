@@ -216,16 +216,17 @@ class _Built(Exception):
 
 @pytest.mark.parametrize(
     "prefill_graph, capture_sm, kernel",
-    [("full", 90, "flashinfer"), ("full", 100, "triton"), ("breakable", 100, "flashinfer")],
+    [("full", None, "triton"), ("full", 90, "flashinfer"), ("full", 100, "triton"),
+     ("breakable", None, "flashinfer")],
 )  # fmt: skip
 def test_gdn_prefill_kernel_sglang_picks_under_each_prefill_graph(
     tmp_path, monkeypatch, caplog, prefill_graph, capture_sm, kernel
 ):
     """sglang's attn_backend_wrapper asks flashinfer_gdn_prefill_default for the
     GDN prefill kernel of a Qwen3-Next on an H200 (resolved and published as a
-    scheduler does; only the hardware probes answered): FlashInfer, which a full
-    prefill graph captures on SM90; were the H200 not the GPU on which FlashInfer's
-    capture is checked (capture_sm), the full graph keeps the Triton kernels."""
+    scheduler does; only the hardware probes answered): FlashInfer, unless the
+    prefill graph is full and FlashInfer's capture is off (capture_sm None, the
+    default) or meant for another GPU: then the Triton kernels the graph captures."""
     monkeypatch.setattr(capability, "FLASHINFER_GDN_CAPTURE_SM", capture_sm)
     args = ServerArgs(
         model_path=write_config("qwen3_next", tmp_path / "qwen3_next"),
@@ -309,7 +310,7 @@ class _RecordingFlashInferKernel(gdn_flashinfer.FlashInferGDNKernel):
         self.calls = []
 
     def extend(self, q, k, v, g, beta, **kwargs):
-        self.calls.append(kwargs)
+        self.calls.append({**kwargs, "inputs": (q, k, v, g, beta)})
         checkpoints = kwargs["num_state_checkpoints"]
         h = torch.zeros(1, checkpoints, *kwargs["ssm_states"].shape[1:])
         return kwargs["output"], None, h if checkpoints else None
@@ -320,7 +321,8 @@ def test_captured_extend_runs_the_flashinfer_kernel_on_the_tables(monkeypatch):
     the bucket's cu_seqlens, no negative state slot (FlashInfer would map it to
     the pool's last slot, a live request's: padding rows use the padding slot 0),
     one snapshot per 64 tokens of the bucket at the table's per-row starts, and a
-    zeroed output (tokens past the batch stay zero)."""
+    zeroed output (tokens past the batch stay zero); the rows past the batch reach
+    it as zeros whatever the bucket's buffers held there (here NaN)."""
     meta, _ = _captured_then_replayed(make_gdn())
     kernel = _RecordingFlashInferKernel()
     launched = {}
@@ -346,10 +348,14 @@ def test_captured_extend_runs_the_flashinfer_kernel_on_the_tables(monkeypatch):
         q_dim=hk * d, k_dim=hk * d, v_dim=hv * d,
     )  # fmt: skip
     ssm = torch.zeros(len(MAPPING), hv, d, d)
+    real = sum(LENS)
     mixed = torch.randn(BUCKET, (2 * hk + hv) * d)
+    a, b = torch.randn(BUCKET, hv), torch.rand(BUCKET, hv)
+    for t in (mixed, a, b):
+        t[real:] = float("nan")
     out = gdn_prefill_graph.gdn_extend_in_graph(
         layer=layer, meta=meta, conv_states=None, ssm_states=ssm, mixed_qkv=mixed,
-        a=torch.zeros(BUCKET, hv), b=torch.zeros(BUCKET, hv), extend_kernel=kernel,
+        a=a, b=b, extend_kernel=kernel,
     )  # fmt: skip
     (call,) = kernel.calls
     assert call["query_start_loc"] is meta.cu_seqlens
@@ -360,6 +366,10 @@ def test_captured_extend_runs_the_flashinfer_kernel_on_the_tables(monkeypatch):
     assert call["ssm_states"] is ssm
     assert out is call["output"] and out.shape == (1, BUCKET, hv, d)
     assert not out.any()
+    q, k, v, g, beta = call["inputs"]
+    for t in (q, k, v, g, beta):
+        assert torch.isfinite(t).all() and not t[0, real:].any()
+    assert torch.equal(g[0, :real], a[:real]) and torch.equal(beta[0, :real], b[:real])
     # The tracked chunk states come from the snapshots, one row per table row.
     assert launched["kda_track_ssm_state"]["h_track"].shape == (
         SLOTS_PER_GRAPH,
