@@ -7,18 +7,19 @@ to 513 tokens.
 Engines (real sglang.Engine, chunked prefill 512, prefill graph buckets of 1 to
 512 tokens so that every prompt replays the graph or, at 513, runs a second
 chunk):
-  full      --cuda-graph-backend-prefill full, sglang's default kernels (on an
-            H200: FlashInfer's GDN prefill, captured by sglang-graphfix);
-  default   prefill graph disabled, sglang's default kernels;
-  triton    prefill graph disabled, --linear-attn-prefill-backend triton: the
-            kernel the full graph captured before, the control.
+  full             --cuda-graph-backend-prefill full as shipped: the graph
+                   captures the Triton GDN kernels (FLASHINFER_GDN_CAPTURE_SM off);
+  full_flashinfer  the same with FlashInfer's GDN prefill captured (sglang's
+                   default on an H200; the switch set by the test probe);
+  wrong_state      the full graph with every replay pointed at the padding
+                   state slot (test probe fault): the control;
+  default          prefill graph disabled, sglang's default kernels.
 
 Per prompt the error is |engine logprob - fp32 logprob| of the engine's greedy
-first token. The full graph must be at least as accurate as sglang's default on
-every prompt length (within SLACK: bf16 rounding of the attention layers, whose
-prefill FlashInfer plans differently in and out of the graph). The control: the
-Triton path, which sits further from the reference on short prompts, must fail
-that same check, or the check is too weak at this scale to mean anything."""
+first token (NaN counts as worse). A full graph must be at least as accurate as
+sglang's default on every prompt length, within SLACK (bf16 rounding of the
+attention layers, whose prefill is planned differently in and out of the graph).
+The control must fail that same check."""
 
 import pytest
 import torch
@@ -60,25 +61,30 @@ FULL = {"backend": "full", "bs": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]}
 DISABLED = {"backend": "disabled"}
 
 
-def _first_tokens(path, prefill, prompt_ids, **extra):
+def _first_tokens(path, prefill, prompt_ids, env=None):
     """One batch per prompt (each its own prefill); per prompt the greedy first
     token and its top-k logprobs."""
     batches = [{"input_ids": [p], "max_new_tokens": 1} for p in prompt_ids]
-    return run_engine(_kwargs(path, prefill, **extra), batches, top_logprobs_num=TOPK)
+    return run_engine(_kwargs(path, prefill), batches, env=env, top_logprobs_num=TOPK)
+
+
+FULL_ENGINES = {
+    "full": None,
+    "full_flashinfer": {"GRAPHFIX_PROBE_FLASHINFER_GDN_CAPTURE_SM": "90"},
+    "wrong_state": {"GRAPHFIX_PROBE_FAULT": "gdn_wrong_state"},
+}
 
 
 @pytest.fixture(scope="module")
 def engines(model_path, prompt_ids):
-    before = probe_count("gdn_graph_replay")
-    full = _first_tokens(model_path, FULL, prompt_ids)
-    return {
-        "full": full,
-        "full_replays": replays_per_batch(full, before, "gdn_graph_replay"),
-        "default": _first_tokens(model_path, DISABLED, prompt_ids),
-        "triton": _first_tokens(
-            model_path, DISABLED, prompt_ids, linear_attn_prefill_backend="triton"
-        ),
-    }
+    out = {"default": _first_tokens(model_path, DISABLED, prompt_ids)}
+    for name, env in FULL_ENGINES.items():
+        before = probe_count("gdn_graph_replay")
+        out[name] = _first_tokens(model_path, FULL, prompt_ids, env=env)
+        out[f"{name}_replays"] = replays_per_batch(
+            out[name], before, "gdn_graph_replay"
+        )
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -116,40 +122,44 @@ def _errors(results, reference):
     return rows
 
 
-def test_full_graph_is_at_least_as_accurate_as_sglangs_default(engines, reference):
-    errors = {name: _errors(engines[name], reference) for name in ("full", "default", "triton")}  # fmt: skip
+def _judge(engines, reference, name) -> list:
+    """Record the engine's errors beside the default's; return the prompt lengths
+    where it is less accurate than the default by more than SLACK."""
+    errors = {n: _errors(engines[n], reference) for n in (name, "default")}
     greedy = {n: [r["greedy_error"] for r in rows] for n, rows in errors.items()}
-    worse = {
-        name: [
-            length
-            for length, e, d in zip(LENGTHS, greedy[name], greedy["default"])
-            if not e <= d + SLACK  # NaN is worse
-        ]
-        for name in ("full", "triton")
-    }
+    worse = [
+        length
+        for length, e, d in zip(LENGTHS, greedy[name], greedy["default"])
+        if not e <= d + SLACK  # NaN is worse
+    ]
     write_result(
-        "gdn_prefill_accuracy_fp32",
+        f"gdn_prefill_accuracy_fp32_{name}",
         {
+            "engine": name,
             "prompt_lengths": LENGTHS,
             "slack": SLACK,
             "errors": errors,
             "greedy_error": greedy,
             "lengths_worse_than_default": worse,
-            "full_graph_replays": engines["full_replays"],
-            "same_greedy_token_as_default": {
-                name: sum(
-                    a[0]["output_ids"][0] == b[0]["output_ids"][0]
-                    for a, b in zip(engines[name], engines["default"])
-                )
-                for name in ("full", "triton")
-            },
+            "graph_replays": engines[f"{name}_replays"],
+            "same_greedy_token_as_default": sum(
+                a[0]["output_ids"][0] == b[0]["output_ids"][0]
+                for a, b in zip(engines[name], engines["default"])
+            ),
         },
     )
-    assert not worse["full"], worse
-    # Control: the same check fails for the Triton GDN prefill.
-    assert worse["triton"], (
-        "the Triton control is as accurate as sglang's default on every prompt: "
-        f"the check cannot tell them apart at this scale ({greedy})"
-    )
     # The graph really ran: every prompt within the largest bucket replayed it.
-    assert all(n > 0 for n in engines["full_replays"][: LENGTHS.index(512) + 1])
+    replays = engines[f"{name}_replays"][: LENGTHS.index(512) + 1]
+    assert all(n > 0 for n in replays), replays
+    return worse
+
+
+@pytest.mark.parametrize("name", ["full", "full_flashinfer"])
+def test_full_graph_is_at_least_as_accurate_as_sglangs_default(
+    engines, reference, name
+):
+    assert not _judge(engines, reference, name)
+
+
+def test_wrong_state_control_fails_the_check(engines, reference):
+    assert _judge(engines, reference, "wrong_state")

@@ -20,6 +20,9 @@ Counts, in files under GRAPHFIX_PROBE_DIR (one byte per event):
 Faults (GRAPHFIX_PROBE_FAULT), each pointing every real request of a graph
 replay at the padding state slot (a wrong state-index table), so the tests can
 show their comparison fails: gdn_wrong_state (GDN), kda_wrong_state (KDA).
+GRAPHFIX_PROBE_FLASHINFER_GDN_CAPTURE_SM=<sm> sets the switch
+full_prefill_graph_capability.FLASHINFER_GDN_CAPTURE_SM in the engine processes
+(FlashInfer's GDN prefill captured in the full graph), for the tests of that path.
 """
 
 import os
@@ -39,6 +42,12 @@ def register():
     import sglang_graphfix
 
     sglang_graphfix.register()  # wrap on top of the real patches
+
+    capture_sm = os.environ.get("GRAPHFIX_PROBE_FLASHINFER_GDN_CAPTURE_SM")
+    if capture_sm:
+        from sglang_graphfix.srt import full_prefill_graph_capability
+
+        full_prefill_graph_capability.FLASHINFER_GDN_CAPTURE_SM = int(capture_sm)
 
     from sglang.srt.layers.attention.dsa.dsa_indexer import Indexer
     from sglang_graphfix.srt.layers.attention import (
