@@ -135,7 +135,7 @@ def flashinfer_delta_rule_on_tables(kernel, q, k, v, g, beta, ssm_states, meta):
     """FlashInferGDNKernel.extend (GDNAttnBackend's call) on the bucket's tables.
     Padding rows read and write the reserved padding slot, not FlashInfer's
     stand-in for a negative slot (the pool's last, a live request's); tokens past
-    the batch keep zero output rows. With prefix-cache tracking, the kernel
+    the batch reach it as zeros and keep zero output rows. With prefix-cache tracking, the kernel
     snapshots every 64-token chunk boundary into a buffer sized by the bucket,
     located per row by on-device starts. Returns (o, checkpoints or None)."""
     slots = torch.where(meta.cache_indices >= 0, meta.cache_indices, _PADDING_SLOT)
@@ -162,6 +162,10 @@ def flashinfer_delta_rule_on_tables(kernel, q, k, v, g, beta, ssm_states, meta):
         state_checkpoint_every_n_tokens=CHUNK_SIZE if num_checkpoints else 0,
         output=torch.zeros_like(v),
     )
+    # The kernel skips zero-length sequences, final state included, so the
+    # padding rows wrote uninitialised memory to the reserved slot, which
+    # sglang's padded decode rows read: keep it zero.
+    ssm_states[_PADDING_SLOT].zero_()
     return o, checkpoints
 
 

@@ -348,6 +348,7 @@ def test_captured_extend_runs_the_flashinfer_kernel_on_the_tables(monkeypatch):
         q_dim=hk * d, k_dim=hk * d, v_dim=hv * d,
     )  # fmt: skip
     ssm = torch.zeros(len(MAPPING), hv, d, d)
+    ssm[0] = float("nan")  # what the kernel leaves for the zero-length padding rows
     real = sum(LENS)
     mixed = torch.randn(BUCKET, (2 * hk + hv) * d)
     a, b = torch.randn(BUCKET, hv), torch.rand(BUCKET, hv)
@@ -366,6 +367,7 @@ def test_captured_extend_runs_the_flashinfer_kernel_on_the_tables(monkeypatch):
     assert call["ssm_states"] is ssm
     assert out is call["output"] and out.shape == (1, BUCKET, hv, d)
     assert not out.any()
+    assert not ssm[0].any()  # the reserved padding slot is zeroed afterwards
     q, k, v, g, beta = call["inputs"]
     for t in (q, k, v, g, beta):
         assert torch.isfinite(t).all() and not t[0, real:].any()
