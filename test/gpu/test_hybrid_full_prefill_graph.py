@@ -1,7 +1,9 @@
 """Hybrid linear attention (GDN, tiny random Qwen3-Next) with a full prefill CUDA
 graph, on a real sglang.Engine, against the same engine with the prefill graph
-disabled. Upstream 0.5.23 crashes during capture (IndexError in
-HybridLinearAttnBackend._replay_metadata)."""
+disabled, for each GDN prefill kernel the graph can capture: Triton (as shipped)
+and FlashInfer's (sglang's H200 default; FLASHINFER_GDN_CAPTURE_SM, set in the
+engines by the test probe). Upstream 0.5.23 crashes during capture (IndexError
+in HybridLinearAttnBackend._replay_metadata)."""
 
 import pytest
 from engine_utils import (
@@ -16,12 +18,8 @@ from engine_utils import (
 )
 from models import prompts
 
-from sglang_graphfix.srt.full_prefill_graph_capability import (
-    FLASHINFER_GDN_CAPTURE_SM,
-)
-
 # Greedy logprobs of the graph and eager engines stay well inside this: both run
-# the same GDN kernels (EAGER_KERNEL), but flashinfer plans the full-attention layer's
+# the same GDN kernels (KERNELS), but flashinfer plans the full-attention layer's
 # prefill differently (paged vs ragged) and bf16 rounding of that layer moves
 # logprobs by up to ~0.01. A wrong linear state moves them far past it (see
 # test_wrong_graph_state_changes_outputs).
@@ -64,24 +62,35 @@ def _engine_kwargs(model_path, prefill):
 FULL = {"backend": "full", "bs": [16, 32, 64, 128, 256], "full_prefill_max_req": 4}
 
 
-# The graph engine's GDN prefill kernel: sglang's default (FlashInfer on an H200)
-# where sglang-graphfix captures FlashInfer's GDN prefill, else Triton.
-EAGER_KERNEL = (
-    {} if FLASHINFER_GDN_CAPTURE_SM == 90 else {"linear_attn_prefill_backend": "triton"}
-)
+# Per captured GDN prefill kernel: the graph engine's environment (the test
+# probe sets the switch in its processes) and the eager engine's flags (the same
+# kernel with the prefill graph disabled).
+KERNELS = {
+    "triton": (None, {"linear_attn_prefill_backend": "triton"}),
+    "flashinfer": ({"GRAPHFIX_PROBE_FLASHINFER_GDN_CAPTURE_SM": "90"}, {}),
+}
+
+
+@pytest.fixture(scope="module", params=list(KERNELS))
+def kernel(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def eager(qwen3_next_path):
+def eager(qwen3_next_path, kernel):
     kwargs = _engine_kwargs(qwen3_next_path, {"backend": "disabled"})
-    return run_engine({**kwargs, **EAGER_KERNEL}, BATCHES, top_logprobs_num=TOPK)
+    flags = KERNELS[kernel][1]
+    return run_engine({**kwargs, **flags}, BATCHES, top_logprobs_num=TOPK)
 
 
 @pytest.fixture(scope="module")
-def graph(qwen3_next_path):
+def graph(qwen3_next_path, kernel):
     before = probe_count("gdn_graph_replay")
     results = run_engine(
-        _engine_kwargs(qwen3_next_path, FULL), BATCHES, top_logprobs_num=TOPK
+        _engine_kwargs(qwen3_next_path, FULL),
+        BATCHES,
+        env=KERNELS[kernel][0],
+        top_logprobs_num=TOPK,
     )
     return results, replays_per_batch(results, before, "gdn_graph_replay")
 
@@ -91,11 +100,11 @@ def test_full_prefill_graph_replays(graph):
     assert sum(replays) > 0, f"the prefill graph never replayed: {replays} per batch"
 
 
-def test_full_prefill_graph_matches_eager(graph, eager):
+def test_full_prefill_graph_matches_eager(graph, eager, kernel):
     results, replays = graph
     report = graph_vs_eager(eager, results, tol=TOL)
     write_result(
-        "hybrid_gdn_full_prefill_vs_eager",
+        f"hybrid_gdn_full_prefill_vs_eager_{kernel}",
         {
             **report,
             "prompt_lengths": [[len(p) for p in b["input_ids"]] for b in BATCHES],
@@ -105,17 +114,18 @@ def test_full_prefill_graph_matches_eager(graph, eager):
     assert_graph_matches_eager(report)
 
 
-def test_wrong_graph_state_changes_outputs(qwen3_next_path, graph, eager):
+def test_wrong_graph_state_changes_outputs(qwen3_next_path, graph, eager, kernel):
     """Can-fail control: the graph engine again, with every replay pointed at the
     padding state slot (test probe fault); its outputs must leave the tolerance."""
     results = run_engine(
         _engine_kwargs(qwen3_next_path, FULL),
         BATCHES,
-        env={"GRAPHFIX_PROBE_FAULT": "gdn_wrong_state"},
+        env={**(KERNELS[kernel][0] or {}), "GRAPHFIX_PROBE_FAULT": "gdn_wrong_state"},
     )
     per_batch = [compare(e, f, tol=TOL) for e, f in zip(eager, results)]
     write_result(
-        "hybrid_gdn_full_prefill_wrong_state", {"tolerance": TOL, "batches": per_batch}
+        f"hybrid_gdn_full_prefill_wrong_state_{kernel}",
+        {"tolerance": TOL, "batches": per_batch},
     )
     replayed = [r for r, n in zip(per_batch, graph[1]) if n]
     assert replayed and all(diverged(r) for r in replayed), per_batch
