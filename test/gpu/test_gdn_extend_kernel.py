@@ -1,5 +1,6 @@
 """gdn_extend_in_graph, captured once in a CUDA graph and replayed for several
-batches, against sglang's eager GDN extend (the same calls GDNAttnBackend makes:
+batches (the rows past the batch left NaN, as an engine's memory pool may leave
+them), against sglang's eager GDN extend (the same calls GDNAttnBackend makes:
 causal_conv1d_fn with host lengths, then the delta rule with cu_seqlens), for
 each prefill kernel the graph captures: sglang's Triton chunk kernels, and the
 FlashInfer GDN prefill (FlashInferGDNKernel.extend, sglang's default on SM90)
@@ -25,12 +26,22 @@ from sglang.srt.layers.attention.linear.kernels.gdn_flashinfer import (
     FlashInferGDNKernel,
 )
 from sglang.srt.layers.attention.mamba.causal_conv1d import causal_conv1d_fn
+from sglang_graphfix.srt.layers.attention.linear import gdn_prefill_graph
 from sglang_graphfix.srt.layers.attention.linear.gdn_prefill_graph import (
     gdn_extend_in_graph,
 )
 
-HK, HV, D, WIDTH = 2, 4, 128, 4  # key heads, value heads, head dim, conv width
-DIM = (2 * HK + HV) * D
+HK, D, WIDTH = 2, 128, 4  # key heads, head dim, conv width
+# Value heads: 4, and Qwen3-Next-80B's 32 at TP 1, where FlashInfer's algorithm
+# choice (context-parallel below ~66 sequence-heads on an H200) differs between
+# the table's 4 request slots (128: not CP) and an eager batch of 1 (32: CP).
+VALUE_HEADS = (4, 32)
+
+
+def _dim(hv):
+    return (2 * HK + hv) * D
+
+
 SLOTS, BUCKET, MAX_SEQS, CHUNK = 16, 256, 4, 64
 DEV = "cuda"
 
@@ -43,39 +54,39 @@ BATCHES = [
 ]
 
 
-def _layer():
+def _layer(hv):
     g = torch.Generator(device=DEV).manual_seed(0)
     rand = lambda *s: torch.randn(*s, generator=g, device=DEV)  # noqa: E731
     return SimpleNamespace(
-        conv_weights=(rand(DIM, WIDTH) * 0.5).bfloat16(),
+        conv_weights=(rand(_dim(hv), WIDTH) * 0.5).bfloat16(),
         bias=None,
         activation="silu",
-        A_log=torch.log(torch.rand(HV, generator=g, device=DEV) * 15 + 1),
-        dt_bias=torch.ones(HV, device=DEV),
+        A_log=torch.log(torch.rand(hv, generator=g, device=DEV) * 15 + 1),
+        dt_bias=torch.ones(hv, device=DEV),
         num_q_heads=HK,
         num_k_heads=HK,
-        num_v_heads=HV,
+        num_v_heads=hv,
         head_q_dim=D,
         head_k_dim=D,
         head_v_dim=D,
         q_dim=HK * D,
         k_dim=HK * D,
-        v_dim=HV * D,
+        v_dim=hv * D,
     )
 
 
-def _inputs(n, seed):
+def _inputs(n, seed, hv):
     g = torch.Generator(device=DEV).manual_seed(seed)
-    x = torch.randn(n, DIM, generator=g, device=DEV).bfloat16()
-    a = torch.randn(n, HV, generator=g, device=DEV).bfloat16()
-    b = torch.randn(n, HV, generator=g, device=DEV).bfloat16()
+    x = torch.randn(n, _dim(hv), generator=g, device=DEV).bfloat16()
+    a = torch.randn(n, hv, generator=g, device=DEV).bfloat16()
+    b = torch.randn(n, hv, generator=g, device=DEV).bfloat16()
     return x, a, b
 
 
-def _pools():
+def _pools(hv):
     g = torch.Generator(device=DEV).manual_seed(1)
-    conv = torch.randn(SLOTS, DIM, WIDTH - 1, generator=g, device=DEV).bfloat16()
-    ssm = torch.randn(SLOTS, HV, D, D, generator=g, device=DEV) * 0.1
+    conv = torch.randn(SLOTS, _dim(hv), WIDTH - 1, generator=g, device=DEV).bfloat16()
+    ssm = torch.randn(SLOTS, hv, D, D, generator=g, device=DEV) * 0.1
     return conv, ssm
 
 
@@ -98,7 +109,7 @@ def _eager(kernel, layer, conv, ssm, x, a, b, lens, slots, prefix, track):
         query_start_loc=cu,
         seq_lens_cpu=lens,
     ).transpose(0, 1)[: x.shape[0]]
-    q, k, v = fused_qkv_split_gdn_prefill(xs, HK, HK, HV, D, D, D)
+    q, k, v = fused_qkv_split_gdn_prefill(xs, HK, HK, layer.num_v_heads, D, D, D)
     g, beta = fused_gdn_gating(layer.A_log, a, b, layer.dt_bias)
     if isinstance(kernel, FlashInferGDNKernel):
         # maybe_build_flashinfer_checkpoint_plan: one snapshot after every 64
@@ -166,21 +177,30 @@ class _CapturedExtend:
             num_tokens=BUCKET, max_seqs_cap=MAX_SEQS, track=True,
             cache_index_dtype=torch.int32, device=DEV,
         )  # fmt: skip
-        self.x = torch.zeros(BUCKET, DIM, dtype=torch.bfloat16, device=DEV)
-        self.a = torch.zeros(BUCKET, HV, dtype=torch.bfloat16, device=DEV)
-        self.b = torch.zeros(BUCKET, HV, dtype=torch.bfloat16, device=DEV)
+        hv = layer.num_v_heads
+        self.x = torch.zeros(BUCKET, _dim(hv), dtype=torch.bfloat16, device=DEV)
+        self.a = torch.zeros(BUCKET, hv, dtype=torch.bfloat16, device=DEV)
+        self.b = torch.zeros(BUCKET, hv, dtype=torch.bfloat16, device=DEV)
         self.prefix = torch.zeros(MAX_SEQS, dtype=torch.int64, device=DEV)
         saved = conv.clone(), ssm.clone()
-        self.load(*BATCHES[0][:3], None, *_inputs(sum(BATCHES[0][0]), 0))
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            self._run()  # warm up (JIT, autotune) outside capture
-        torch.cuda.current_stream().wait_stream(stream)
-        conv.copy_(saved[0]), ssm.copy_(saved[1])
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.out = self._run()
+        self.load(*BATCHES[0][:3], None, *_inputs(sum(BATCHES[0][0]), 0, hv))
+        real_conv = gdn_prefill_graph.causal_conv1d_fn
+        with pytest.MonkeyPatch.context() as patch:
+            # Recorded into the graph: every replay leaves NaN past the batch.
+            patch.setattr(
+                gdn_prefill_graph,
+                "causal_conv1d_fn",
+                _conv_leaving_nan_past_the_batch(real_conv),
+            )
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                self._run()  # warm up (JIT, autotune) outside capture
+            torch.cuda.current_stream().wait_stream(stream)
+            conv.copy_(saved[0]), ssm.copy_(saved[1])
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.out = self._run()
 
     def _run(self):
         return gdn_extend_in_graph(
@@ -210,20 +230,54 @@ class _CapturedExtend:
 
 
 KERNELS = {"triton": lambda: None, "flashinfer": FlashInferGDNKernel}
+CASES = [(kernel, hv) for kernel in KERNELS for hv in VALUE_HEADS]
 
 
-@pytest.fixture(scope="module", params=list(KERNELS))
+@pytest.fixture(scope="module", params=CASES, ids=[f"{k}-hv{h}" for k, h in CASES])
 def captured(request):
-    layer = _layer()
-    conv, ssm = _pools()
-    kernel = KERNELS[request.param]()
-    return layer, _CapturedExtend(kernel, layer, conv, ssm), request.param
+    name, hv = request.param
+    layer = _layer(hv)
+    conv, ssm = _pools(hv)
+    kernel = KERNELS[name]()
+    return layer, _CapturedExtend(kernel, layer, conv, ssm), f"{name}_hv{hv}"
+
+
+def _flashinfer_uses_cp(num_seqs, hv) -> bool:
+    """FlashInfer's own choice of its context-parallel algorithm (gdn_prefill's
+    should_use_cp_host on this GPU)."""
+    from flashinfer.gdn_kernels.delta_rule_dsl.varlen_helper import should_use_cp_host
+    from flashinfer.utils import (
+        get_compute_capability,
+        get_device_name,
+        get_device_sm_count,
+    )
+
+    device = torch.device(DEV)
+    return should_use_cp_host(
+        num_seqs * hv,
+        get_device_sm_count(device),
+        get_device_name(device),
+        device_capability=get_compute_capability(device),
+    )
+
+
+def _conv_leaving_nan_past_the_batch(conv):
+    """causal_conv1d_fn whose output rows past the batch are NaN: in an engine
+    they hold whatever the graph's memory pool held (no conv block writes them)."""
+
+    def conv_with_garbage(x, *args, query_start_loc, **kwargs):
+        out = conv(x, *args, query_start_loc=query_start_loc, **kwargs)
+        tokens = torch.arange(out.shape[-1], device=out.device)
+        return out.masked_fill(tokens >= query_start_loc[-1], float("nan"))
+
+    return conv_with_garbage
 
 
 def _run_batch(layer, captured, batch_id, corrupt=None):
     lens, slots, prefix, mask, dst = BATCHES[batch_id]
-    x, a, b = _inputs(sum(lens), batch_id)
-    conv0, ssm0 = _pools()
+    hv = layer.num_v_heads
+    x, a, b = _inputs(sum(lens), batch_id, hv)
+    conv0, ssm0 = _pools(hv)
     track = _track_rows(captured.kernel, lens, prefix, mask, dst)
     conv_e, ssm_e = conv0.clone(), ssm0.clone()
     ref = _eager(
@@ -246,6 +300,16 @@ def _run_batch(layer, captured, batch_id, corrupt=None):
         "ssm_state": (captured.ssm[1:] - ssm_e[1:]).abs().max().item(),
         "padding_slot_finite": bool(torch.isfinite(captured.ssm[0]).all()),
         "tracked_rows": 0 if track is None else len(track.conv_rows),
+        **(
+            {
+                "flashinfer_cp": {
+                    "graph": _flashinfer_uses_cp(MAX_SEQS, hv),
+                    "eager": _flashinfer_uses_cp(len(lens), hv),
+                }
+            }
+            if isinstance(captured.kernel, FlashInferGDNKernel)
+            else {}
+        ),
     }
 
 

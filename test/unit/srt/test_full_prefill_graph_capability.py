@@ -50,7 +50,8 @@ def model_dirs(tmp_path_factory):
 
 # One configuration per condition (Condition.setting, or the family that never
 # captures): (family, server flags, environment, KDA switch, GPU). GDN's
-# FlashInfer prefill is captured on SM90, so its kernel case is an A100.
+# FlashInfer prefill can be captured on SM90 (FLASHINFER_GDN_CAPTURE_SM), so its
+# kernel case is an A100, refused whatever the switch.
 CASES = {
     "--linear-attn-prefill-backend": ("qwen3_next", {"linear_attn_prefill_backend": "flashinfer"}, {}, True, "a100"),
     "--enable-mis": ("qwen3_next", {"enable_mis": True, "attention_backend": "flashinfer"}, {}, True, "h200"),

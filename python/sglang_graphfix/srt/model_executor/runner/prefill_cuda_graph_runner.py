@@ -109,12 +109,13 @@ def init_linear_graph_state_for_prefill(runner, linear) -> None:
 #          JIT-compiling it on the first such user request ("took 2.26 s to
 #          compile after serving started"; issue 13).
 # How:     If keep_triton_gdn_prefill_for_full_graph recorded a default
-#          (FlashInfer off SM90), rebuild the GDN backend's dispatcher with it
-#          (use_default_eager_gdn_prefill; the captured extend calls its Triton
-#          kernels directly). Run a FlashInfer eager GDN prefill once on scratch
-#          state (on SM90 the graph captured FlashInfer's variant with
-#          snapshots, not the eager one). Then one INFO line: which batches
-#          replay the graph and which run eager.
+#          (FlashInfer, unless FLASHINFER_GDN_CAPTURE_SM keeps it for the
+#          graph), rebuild the GDN backend's dispatcher with it
+#          (use_default_eager_gdn_prefill; the graphs keep the Triton kernels
+#          they captured). Run the eager extend of a non-Triton kernel once on
+#          scratch state (a graph that captured FlashInfer's holds its variant
+#          with snapshots, not the eager one). Then one INFO line: which
+#          batches replay the graph and which run eager.
 # Upstream: sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py::PrefillCudaGraphRunner.capture
 # Removal: with keep_triton_gdn_prefill_for_full_graph.
 def route_full_prefill_fallback(original, self):

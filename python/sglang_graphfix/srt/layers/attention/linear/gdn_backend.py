@@ -60,8 +60,8 @@ def prepare_full_prefill_graph_tables(
 #          seq_lens_cpu, FLA's prepare_chunk_indices .tolist()), which capture
 #          either rejects or freezes at the capture batch.
 # How:     gdn_extend_in_graph: the backend's own prefill kernel (Triton, or
-#          FlashInfer on Hopper) fed the static tables that
-#          prepare_full_prefill_graph_tables refills before each replay.
+#          FlashInfer's where FLASHINFER_GDN_CAPTURE_SM allows it) fed the static
+#          tables that prepare_full_prefill_graph_tables refills before each replay.
 # Upstream: sglang/srt/layers/attention/linear/gdn_backend.py::GDNAttnBackend.forward_extend
 # Removal: once upstream GDN captures its extend (as KDA does for breakable graphs).
 def gdn_extend_on_full_graph_tables(

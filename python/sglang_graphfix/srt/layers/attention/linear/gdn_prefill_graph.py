@@ -14,11 +14,15 @@ each replay. Padded table rows point past their sequence or carry
 their output rows stay zero.
 
 The delta rule runs on the prefill kernel the backend was built with: sglang's
-Triton chunk kernels on the tables, or -- sglang's default on Hopper -- the
-FlashInfer GDN prefill kernel, which reads only ``cu_seqlens`` and state slots
-on the device and sizes its launch from tensor shapes, so it captures as is.
-The kernels are sglang's (and FlashInfer's) own; only their table arguments
-change.
+Triton chunk kernels on the tables, or -- where FLASHINFER_GDN_CAPTURE_SM lets
+the backend keep sglang's Hopper default -- FlashInfer's GDN prefill, which
+takes ``cu_seqlens`` and state slots on the device and sizes its launch from
+tensor shapes. It picks its algorithm (context-parallel or not) from the number
+of sequences, here the table's request slots, so a replay may run the other
+algorithm than an eager batch of fewer requests. It also loads whole 64-token
+tiles and masks them by multiplying, so the token rows past the batch (which no
+conv block writes) are zeroed before it. The kernels are sglang's (and
+FlashInfer's) own; only their table arguments change.
 """
 
 from __future__ import annotations
@@ -39,7 +43,11 @@ from sglang.kernels.ops.attention.triton_gdn_fused_proj import (
     fused_qkv_split_gdn_prefill,
 )
 from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_fn
-from sglang.kernels.ops.mamba.kda_prefill_track import TRACK_NONE, kda_track_ssm_state
+from sglang.kernels.ops.mamba.kda_prefill_track import (
+    TRACK_CHUNK_STATE,
+    TRACK_NONE,
+    kda_track_ssm_state,
+)
 from sglang.srt.layers.attention.linear.gdn_backend import (
     MAX_FUSED_QKV_SPLIT_DIM,
     GDNKernelDispatcher,
@@ -96,6 +104,9 @@ def gdn_extend_in_graph(
         activation=layer.activation,
         block_table=meta.conv_block_table,
     ).transpose(0, 1)
+    flashinfer = isinstance(extend_kernel, FlashInferGDNKernel)
+    if flashinfer:
+        x = x.masked_fill(rows_past_batch(meta).unsqueeze(-1), 0)
 
     if layer.q_dim + layer.k_dim + layer.v_dim <= MAX_FUSED_QKV_SPLIT_DIM:
         q, k, v = fused_qkv_split_gdn_prefill(
@@ -118,7 +129,7 @@ def gdn_extend_in_graph(
         )
     g, beta = fused_gdn_gating(layer.A_log, a, b, layer.dt_bias)
 
-    if isinstance(extend_kernel, FlashInferGDNKernel):
+    if flashinfer:
         o, checkpoints = flashinfer_delta_rule_on_tables(
             extend_kernel, q, k, v, g, beta, ssm_states, meta
         )
@@ -131,18 +142,23 @@ def gdn_extend_in_graph(
     return o
 
 
+def rows_past_batch(meta) -> torch.Tensor:
+    """[num_tokens] bool: the bucket's token rows that belong to no sequence."""
+    return meta.token_index >= meta.num_logical_tokens
+
+
 def flashinfer_delta_rule_on_tables(kernel, q, k, v, g, beta, ssm_states, meta):
     """FlashInferGDNKernel.extend (GDNAttnBackend's call) on the bucket's tables.
     Padding rows read and write the reserved padding slot, not FlashInfer's
     stand-in for a negative slot (the pool's last, a live request's); tokens past
-    the batch reach it as zeros and keep zero output rows. With prefix-cache tracking, the kernel
-    snapshots every 64-token chunk boundary into a buffer sized by the bucket,
-    located per row by on-device starts. Returns (o, checkpoints or None)."""
+    the batch (q/k/v zeroed by the caller, gates here) keep zero output rows.
+    With prefix-cache tracking, the kernel snapshots every 64-token chunk
+    boundary into a buffer sized by the bucket, located per row by on-device
+    starts: bucket/64 fp32 states per layer on every replay of a tracking bucket,
+    where eager takes them only for a batch with a tracked row. Returns
+    (o, checkpoints or None)."""
     slots = torch.where(meta.cache_indices >= 0, meta.cache_indices, _PADDING_SLOT)
-    # Rows past the batch hold whatever the bucket's buffers held (the conv
-    # writes no row outside a sequence); zero them so no kernel path sees NaN.
-    pad = (meta.token_index >= meta.num_logical_tokens).view(1, -1, 1)
-    q, k, v = (t.masked_fill(pad.unsqueeze(-1), 0) for t in (q, k, v))
+    pad = rows_past_batch(meta).view(1, -1, 1)
     g, beta = g.masked_fill(pad, 0), beta.masked_fill(pad, 0)
     num_checkpoints = meta.num_tokens // CHUNK_SIZE if meta.track else 0
     starts = None
@@ -276,6 +292,12 @@ def _snapshot_ssm_states(ssm_states, h, meta, flashinfer: bool = False) -> None:
     if h is None:
         h_track = ssm_states.new_empty((meta.max_seqs, *ssm_states.shape[1:]))
     elif flashinfer:
+        # A tracked state before a row's first chunk has no snapshot: sglang's
+        # eager FlashInfer plan raises there; fail as loudly, never copy another
+        # row's state into the prefix cache.
+        torch._assert_async(
+            ((meta.track_mode != TRACK_CHUNK_STATE) | (meta.track_chunk_idx > 0)).all()
+        )
         h_track = h[0].index_select(0, flashinfer_checkpoint_rows(meta, h.shape[1]))
     else:
         h_track = h[0].index_select(0, chunk_state_rows(meta, h.shape[1]))
@@ -292,8 +314,8 @@ def use_default_eager_gdn_prefill(linear, model_runner, default: str) -> None:
     """Eager GDN extends -- the prefill batches a full prefill graph does not
     take -- on the kernel sglang picks by default (``default``, e.g. FlashInfer
     on SM90/SM100): sglang's own dispatcher for that choice. Captured extends are
-    unaffected: gdn_extend_in_graph calls the Triton kernels directly, on the same
-    [slots, HV, V, K] state pool the FlashInfer kernel uses."""
+    unaffected: the graphs hold the Triton kernels the dispatcher had at capture,
+    on the same [slots, HV, V, K] state pool the FlashInfer kernel uses."""
     backends = linear.linear_attn_backends
     resolved = LinearAttnBackends(
         decode=backends.decode,

@@ -271,6 +271,19 @@ def test_gdn_prefill_kernel_sglang_picks_under_each_prefill_graph(
 # ---- FlashInfer GDN prefill inside the graph (sglang's default on SM90) ----
 
 
+def _replayed_without_first_chunk_track(backend, track_row0=False):
+    """The live batch replayed on a captured bucket, its row 0 (tracked inside its
+    first chunk) untracked unless ``track_row0``."""
+    ours.prepare_full_prefill_graph_tables(backend, capture_view(), in_capture=True)
+    live = live_batch()
+    live.mamba_prefill_track_mask_cpu = [track_row0, *TRACKED[1:]]
+    live.mamba_track_mask = torch.tensor(live.mamba_prefill_track_mask_cpu)
+    meta = ours.prepare_full_prefill_graph_tables(
+        backend, replay_view(live), in_capture=False
+    )
+    return meta, live
+
+
 def test_flashinfer_snapshot_rows_match_sglangs_eager_checkpoint_plan(monkeypatch):
     """The rows of FlashInfer's chunk-boundary snapshots the captured extend copies
     to the track slots equal sglang's eager plan (maybe_build_flashinfer_checkpoint_plan,
@@ -279,13 +292,7 @@ def test_flashinfer_snapshot_rows_match_sglangs_eager_checkpoint_plan(monkeypatc
     plan refuses ("precedes the first FlashInfer checkpoint")."""
     monkeypatch.setattr(gdn_flashinfer, "mamba_cache_chunk_size", lambda: CHUNK)
     backend = make_gdn()
-    ours.prepare_full_prefill_graph_tables(backend, capture_view(), in_capture=True)
-    live = live_batch()
-    live.mamba_prefill_track_mask_cpu = [False, *TRACKED[1:]]
-    live.mamba_track_mask = torch.tensor(live.mamba_prefill_track_mask_cpu)
-    meta = ours.prepare_full_prefill_graph_tables(
-        backend, replay_view(live), in_capture=False
-    )
+    meta, live = _replayed_without_first_chunk_track(backend)
     slots = backend.req_to_token_pool.get_mamba_indices(live.req_pool_indices)
     (_, h_src, h_dst, *_) = MambaAttnBackendBase._init_track_ssm_indices_from_cpu(
         backend, slots, live
@@ -323,9 +330,47 @@ def test_captured_extend_runs_the_flashinfer_kernel_on_the_tables(monkeypatch):
     one snapshot per 64 tokens of the bucket at the table's per-row starts, and a
     zeroed output (tokens past the batch stay zero); the rows past the batch reach
     it as zeros whatever the bucket's buffers held there (here NaN)."""
-    meta, _ = _captured_then_replayed(make_gdn())
+    meta, _ = _replayed_without_first_chunk_track(make_gdn())
     kernel = _RecordingFlashInferKernel()
     launched = {}
+    _stub_kernels_around_flashinfer(monkeypatch, launched)
+    out, ssm, a, b, real = _flashinfer_extend(meta, kernel)
+    (call,) = kernel.calls
+    assert call["query_start_loc"] is meta.cu_seqlens
+    assert call["cache_indices"].tolist() == [5, 9, 2, 0]
+    assert call["num_state_checkpoints"] == BUCKET // CHUNK
+    assert call["state_checkpoint_every_n_tokens"] == CHUNK
+    assert call["state_checkpoint_cu_starts"].tolist() == [0, 0, 1, 2, 2]
+    assert call["ssm_states"] is ssm
+    assert out is call["output"] and out.shape == (1, BUCKET, 2, 128)
+    assert not out.any()
+    assert not ssm[0].any()  # the reserved padding slot is zeroed afterwards
+    q, k, v, g, beta = call["inputs"]
+    for t in (q, k, v, g, beta):
+        assert torch.isfinite(t).all() and not t[0, real:].any()
+    assert torch.equal(g[0, :real], a[:real]) and torch.equal(beta[0, :real], b[:real])
+    # The tracked chunk states come from the snapshots, one row per table row.
+    assert launched["kda_track_ssm_state"]["h_track"].shape == (
+        SLOTS_PER_GRAPH,
+        2,
+        128,
+        128,
+    )
+
+
+def test_a_state_tracked_before_the_first_snapshot_fails_loudly(monkeypatch):
+    """sglang's eager FlashInfer plan raises for a tracked state inside a row's
+    first chunk; the captured extend asserts on the device (never copies another
+    row's snapshot into the prefix cache)."""
+    _stub_kernels_around_flashinfer(monkeypatch, {})
+    meta, _ = _replayed_without_first_chunk_track(make_gdn(), track_row0=True)
+    with pytest.raises(RuntimeError):
+        _flashinfer_extend(meta, _RecordingFlashInferKernel())
+
+
+def _stub_kernels_around_flashinfer(monkeypatch, launched):
+    """The Triton kernels around the FlashInfer call, as CPU stand-ins: the conv
+    and the gating pass their input through; the track copies record."""
     monkeypatch.setattr(
         gdn_prefill_graph, "causal_conv1d_fn", lambda x, *a, **kw: x.clone()
     )
@@ -340,6 +385,11 @@ def test_captured_extend_runs_the_flashinfer_kernel_on_the_tables(monkeypatch):
         monkeypatch.setattr(
             gdn_prefill_graph, name, lambda *a, _n=name, **kw: launched.update({_n: kw})
         )
+
+
+def _flashinfer_extend(meta, kernel):
+    """gdn_extend_in_graph with ``kernel`` on a 1-key-head / 2-value-head layer;
+    the rows past the batch of its inputs are NaN, as garbage would be."""
     hk, hv, d = 1, 2, 128
     layer = SimpleNamespace(
         conv_weights=None, bias=None, activation="silu", A_log=None, dt_bias=None,
@@ -358,24 +408,4 @@ def test_captured_extend_runs_the_flashinfer_kernel_on_the_tables(monkeypatch):
         layer=layer, meta=meta, conv_states=None, ssm_states=ssm, mixed_qkv=mixed,
         a=a, b=b, extend_kernel=kernel,
     )  # fmt: skip
-    (call,) = kernel.calls
-    assert call["query_start_loc"] is meta.cu_seqlens
-    assert call["cache_indices"].tolist() == [5, 9, 2, 0]
-    assert call["num_state_checkpoints"] == BUCKET // CHUNK
-    assert call["state_checkpoint_every_n_tokens"] == CHUNK
-    assert call["state_checkpoint_cu_starts"].tolist() == [0, 0, 1, 2, 2]
-    assert call["ssm_states"] is ssm
-    assert out is call["output"] and out.shape == (1, BUCKET, hv, d)
-    assert not out.any()
-    assert not ssm[0].any()  # the reserved padding slot is zeroed afterwards
-    q, k, v, g, beta = call["inputs"]
-    for t in (q, k, v, g, beta):
-        assert torch.isfinite(t).all() and not t[0, real:].any()
-    assert torch.equal(g[0, :real], a[:real]) and torch.equal(beta[0, :real], b[:real])
-    # The tracked chunk states come from the snapshots, one row per table row.
-    assert launched["kda_track_ssm_state"]["h_track"].shape == (
-        SLOTS_PER_GRAPH,
-        hv,
-        d,
-        d,
-    )
+    return out, ssm, a, b, real
