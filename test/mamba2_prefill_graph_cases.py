@@ -8,7 +8,9 @@ the Triton-interpreter script
 interpret_mamba2_prefill_graph.py)."""
 
 import random
+import types
 from types import SimpleNamespace
+from unittest import mock
 
 import torch
 import triton
@@ -19,12 +21,18 @@ from sglang.srt.layers.attention.linear.kda_prefill_graph import (
     KDAPrefillGraphMetadata,
 )
 from sglang.srt.layers.attention.mamba.mamba2_metadata import Mamba2Metadata
-from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_graphfix.srt.layers.attention.mamba.mamba2_prefill_graph import (
     PADDING_SLOT,
+    TRACK_FINAL_STATE,
+    TRACK_GRID_STATE,
+    TRACK_NONE,
+    TRACK_RECOMPUTE_STATE,
     Mamba2PrefillGraphTables,
+    Mamba2PrefillTrackTables,
 )
 
+CONV_LEN = 3  # conv kernel width - 1
 SLOT_OF_ROW = [PADDING_SLOT, *range(17, 17 + 64)]  # request-pool row -> mamba slot
 
 
@@ -45,7 +53,19 @@ def mamba2_backend(chunk_size):
     backend.device = torch.device("cpu")
     backend.topk = 0
     backend._mamba_chunk_size = chunk_size
+    backend.conv_states_shape = (2, len(SLOT_OF_ROW), 32, CONV_LEN)
     return backend
+
+
+def eager_metadata(case):
+    """Mamba2AttnBackend.init_forward_metadata's Mamba2Metadata for the batch."""
+    backend = mamba2_backend(case.chunk)
+    with mock.patch(
+        "sglang.srt.model_executor.forward_batch_info.mamba_cache_chunk_size",
+        lambda: case.cache_chunk,
+    ):
+        Mamba2AttnBackend.init_forward_metadata(backend, live_batch(case))
+    return backend.forward_metadata
 
 
 def random_case(rng, chunks=(4, 8, 16, 64)):
@@ -65,16 +85,26 @@ def random_case(rng, chunks=(4, 8, 16, 64)):
         lens[-1] += bucket - sum(lens)
     prefix = [rng.choice([0, 0, rng.randint(1, 3 * chunk)]) for _ in lens]
     rows = rng.sample(range(1, len(SLOT_OF_ROW)), bs)
+    # Prefix-cache snapshots: on some batches, some rows snapshot at a length
+    # inside this extend -- the end, a chunk boundary or anywhere.
+    tracked = [rng.random() < 0.6 for _ in lens] if rng.random() < 0.7 else None
+    track_lens = [
+        p + max(1, min(n, rng.choice([n, n // chunk * chunk, rng.randint(1, n)])))
+        for n, p in zip(lens, prefix)
+    ]
     return SimpleNamespace(
-        chunk=chunk, bucket=bucket, slots=slots, lens=lens, prefix=prefix, rows=rows
-    )
+        chunk=chunk, bucket=bucket, slots=slots, lens=lens, prefix=prefix, rows=rows,
+        tracked=tracked, track_lens=track_lens,
+        track_dst=[100 + r for r in range(bs)],
+        cache_chunk=chunk * rng.choice([1, 2]),
+    )  # fmt: skip
 
 
 def live_batch(case):
     """The scheduler's ForwardBatch for the real requests (fields read by
     Mamba2AttnBackend.init_forward_metadata)."""
     lens = torch.tensor(case.lens)
-    return SimpleNamespace(
+    batch = SimpleNamespace(
         forward_mode=ForwardMode.EXTEND,
         logical_forward_mode=ForwardMode.EXTEND,
         batch_size=len(case.lens),
@@ -90,9 +120,20 @@ def live_batch(case):
         spec_info=None,
         mamba_track_mask=None,
         mamba_track_indices=None,
+        mamba_track_seqlens=None,
         mamba_prefill_track_mask_cpu=None,
         mamba_track_seqlens_cpu=None,
     )
+    if case.tracked is not None:
+        batch.mamba_track_mask = torch.tensor(case.tracked)
+        batch.mamba_track_indices = torch.tensor(case.track_dst)
+        batch.mamba_track_seqlens = torch.tensor(case.track_lens)
+        batch.mamba_prefill_track_mask_cpu = list(case.tracked)
+        batch.mamba_track_seqlens_cpu = list(case.track_lens)
+    batch.mamba_track_aligned_lens = types.MethodType(
+        ForwardBatch.mamba_track_aligned_lens, batch
+    )
+    return batch
 
 
 def filled_tables(case, device="cpu"):
@@ -132,9 +173,7 @@ def mismatches(case, tables):
     R, T = case.slots, case.bucket
 
     # 1. The real batch, through sglang's eager backend path.
-    backend = mamba2_backend(C)
-    Mamba2AttnBackend.init_forward_metadata(backend, live_batch(case))
-    meta = backend.forward_metadata
+    meta = eager_metadata(case)
     mixed = meta.mixed_metadata
     assert meta.num_prefills == bs and meta.num_prefill_tokens == total
     check("num_logical_tokens", tables.num_logical_tokens, [total])
@@ -217,3 +256,66 @@ def mismatches(case, tables):
 
 def make_case(seed, chunks=(4, 8, 16, 64)):
     return random_case(random.Random(seed), chunks)
+
+
+def filled_track(case, tables):
+    """The snapshot plan for ``case`` (after ``filled_tables``), None when the
+    batch tracks nothing. The track inputs hold the batch's rows only."""
+    if case.tracked is None:
+        return None
+    track = Mamba2PrefillTrackTables.allocate(
+        max_requests=case.slots, conv_len=CONV_LEN, device=tables.seq_idx.device
+    )
+    device = tables.seq_idx.device
+    track.fill(
+        tables,
+        track_mask=torch.tensor(case.tracked, device=device),
+        track_seq_lens=torch.tensor(case.track_lens, device=device),
+        track_slots=torch.tensor(case.track_dst, device=device),
+        extend_prefix_lens=torch.tensor(case.prefix, device=device),
+        cache_chunk_size=case.cache_chunk,
+    )
+    return track
+
+
+def track_mismatches(case, track):
+    """Every difference between the snapshot plan and sglang's eager track
+    selection (_init_track_ssm_indices_from_cpu, _init_track_conv_indices,
+    prepare_mixed's conv destinations)."""
+    out = []
+
+    def check(name, ours, eager):
+        ours, eager = torch.as_tensor(ours).tolist(), torch.as_tensor(eager).tolist()
+        if ours != eager:
+            out.append(f"{name}: ours {ours} != sglang {eager}")
+
+    meta = eager_metadata(case)
+    if not meta.has_mamba_track_mask:
+        check("mode (nothing tracked)", track.mode, [TRACK_NONE] * case.slots)
+        return out
+    bs = len(case.lens)
+    check("padding rows' mode", track.mode[bs:], [TRACK_NONE] * (case.slots - bs))
+    mode, dst = track.mode[:bs].tolist(), track.dst
+    slots = meta.mamba_cache_indices
+
+    def where(m):
+        return [r for r, v in enumerate(mode) if v == m]
+
+    final, grid, recompute = (
+        where(TRACK_FINAL_STATE),
+        where(TRACK_GRID_STATE),
+        where(TRACK_RECOMPUTE_STATE),
+    )
+    check("final src", slots[final], meta.track_ssm_final_src)
+    check("final dst", dst[final], meta.track_ssm_final_dst)
+    check("grid h_src", track.h_src[grid], meta.track_ssm_h_src)
+    check("grid dst", dst[grid], meta.track_ssm_h_dst)
+    check("recompute rows", recompute, meta.track_ssm_seq_idx)
+    check("recompute end", track.end_loc[recompute], meta.track_ssm_end_locs)
+    check("recompute dst", dst[recompute], meta.track_ssm_recompute_dst)
+    tracked = sorted(final + grid + recompute)
+    check("conv window", track.conv_window[tracked], meta.track_conv_indices)
+    check("conv dst", dst[tracked], meta.conv_states_mask_indices)
+    untracked = [r for r in range(case.slots) if r not in tracked]
+    check("untracked dst", dst[untracked], [PADDING_SLOT] * len(untracked))
+    return out

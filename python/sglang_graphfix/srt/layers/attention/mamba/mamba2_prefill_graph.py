@@ -33,6 +33,13 @@ Layout of one bucket:
 * ``conv_block_table`` [cdiv(T, CAUSAL_CONV1D_FWD_BLOCK_M) + R, 2]: the
   (sequence, block) rows ``causal_conv1d_fn(block_table=...)`` launches over,
   ``(PAD_SLOT_ID, 0)`` past the work (same bound argument).
+
+``Mamba2PrefillTrackTables`` holds the prefix-cache snapshot plan the same way:
+one row per request slot with a mode instead of the eager path's masked index
+lists (``_init_track_ssm_indices`` with ``build_prefill_track_plan(mamba2=True)``
+and ``_init_track_conv_indices``), so a captured extend can snapshot with
+fixed-shape gathers and one scatter whose untracked rows land in the padding
+slot.
 """
 
 from __future__ import annotations
@@ -46,10 +53,24 @@ from sglang.kernels.ops.mamba.causal_conv1d_triton import (
     CAUSAL_CONV1D_FWD_BLOCK_M,
     PAD_SLOT_ID,
 )
+from sglang.kernels.ops.mamba.kda_prefill_track import (
+    TRACK_CHUNK_STATE,
+    TRACK_FINAL_STATE,
+    TRACK_NONE,
+)
 
 # The mamba pools reserve slot 0 for padding (the runner's padded request rows
 # carry request-pool row 0, which maps to it): the tail sequence writes there.
 PADDING_SLOT = 0
+
+# Snapshot modes of a request slot (the first three are upstream's KDA modes):
+# not tracked; the post-extend state (tracked length chunk-aligned); the state at
+# a boundary of the flat chunk grid (``states[h_src]`` of the chunk scan); the
+# state at a boundary off that grid, recomputed from the sequence start
+# (``mamba_chunk_scan_combined(track_seq_idx=, track_end_locs=)``).
+TRACK_GRID_STATE = TRACK_CHUNK_STATE
+TRACK_RECOMPUTE_STATE = 3
+assert TRACK_RECOMPUTE_STATE not in (TRACK_NONE, TRACK_FINAL_STATE, TRACK_CHUNK_STATE)
 
 
 def max_logical_chunks(num_tokens: int, max_requests: int, chunk_size: int) -> int:
@@ -177,3 +198,85 @@ class Mamba2PrefillGraphTables:
         block = row - (block_ends[seq] - n_blocks[seq])
         self.conv_block_table[:, 0].copy_(torch.where(live, seq, PAD_SLOT_ID))
         self.conv_block_table[:, 1].copy_(torch.where(live, block, 0))
+
+
+@dataclass(frozen=True)
+class Mamba2PrefillTrackTables:
+    """Prefix-cache snapshot plan of one bucket, one row per request slot."""
+
+    max_requests: int
+    conv_len: int
+    mode: torch.Tensor  # [R] int32, TRACK_*
+    dst: torch.Tensor  # [R] int64 track slot, the padding slot when untracked
+    h_src: torch.Tensor  # [R] int64 flat chunk of a grid row, else 0
+    end_loc: (
+        torch.Tensor
+    )  # [R] int64 snapshot token of a recompute row, else the row's end
+    conv_window: torch.Tensor  # [R, conv_len] int64 pre-conv token rows
+
+    @classmethod
+    def allocate(
+        cls, *, max_requests: int, conv_len: int, device: torch.device | str
+    ) -> Mamba2PrefillTrackTables:
+        def table(*shape, dtype=torch.int64):
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        R = max_requests
+        return cls(
+            max_requests=R,
+            conv_len=conv_len,
+            mode=table(R, dtype=torch.int32),
+            dst=table(R),
+            h_src=table(R),
+            end_loc=table(R),
+            conv_window=table(R, conv_len),
+        )
+
+    def fill(
+        self,
+        tables: Mamba2PrefillGraphTables,
+        *,
+        track_mask: torch.Tensor,
+        track_seq_lens: torch.Tensor,
+        track_slots: torch.Tensor,
+        extend_prefix_lens: torch.Tensor,
+        cache_chunk_size: int,
+        pad_slot: int = PADDING_SLOT,
+    ) -> None:
+        """Rewrite the plan for the batch ``tables`` was just filled with. The
+        track inputs (``mamba_track_mask`` / ``_seqlens`` / translated
+        ``_indices``) may hold only the batch's rows: missing rows are not
+        tracked. ``cache_chunk_size`` is ``mamba_cache_chunk_size()``."""
+        R, C = self.max_requests, tables.chunk_size
+        assert tables.max_requests == R, (tables.max_requests, R)
+        device = self.mode.device
+
+        def rows(t, dtype=torch.int64):
+            assert t.dim() == 1 and t.shape[0] <= R, tuple(t.shape)
+            return torch.nn.functional.pad(t.to(dtype), (0, R - t.shape[0]))
+
+        tracked = rows(track_mask, torch.bool)
+        starts = tables.query_start_loc[:R].to(torch.int64)
+        seq_ends = tables.query_start_loc[1 : R + 1].to(torch.int64)
+        length = rows(track_seq_lens) - rows(extend_prefix_lens)
+        # build_prefill_track_plan(mamba2=True), per row.
+        end = starts + length // C * C
+        mode = torch.where(
+            length % C == 0,
+            TRACK_FINAL_STATE,
+            torch.where(end % C == 0, TRACK_GRID_STATE, TRACK_RECOMPUTE_STATE),
+        )
+        mode = torch.where(tracked, mode, TRACK_NONE)
+        self.mode.copy_(mode)
+        self.dst.copy_(torch.where(tracked, rows(track_slots), pad_slot))
+        self.h_src.copy_(torch.where(mode == TRACK_GRID_STATE, end // C, 0))
+        # Untracked rows recompute their whole sequence (a segment that is never
+        # empty at token 0 for a real batch); the result is not used.
+        self.end_loc.copy_(torch.where(mode == TRACK_RECOMPUTE_STATE, end, seq_ends))
+        # _init_track_conv_indices: the window ends at the cache-chunk-aligned
+        # length, clamped into the batch's tokens.
+        aligned = length // cache_chunk_size * cache_chunk_size
+        first = starts + aligned - self.conv_len
+        window = first[:, None] + torch.arange(self.conv_len, device=device)
+        last = tables.num_logical_tokens.to(torch.int64) - 1
+        self.conv_window.copy_(torch.minimum(window.clamp(min=0), last))

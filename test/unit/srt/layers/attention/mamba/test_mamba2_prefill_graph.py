@@ -21,9 +21,18 @@ from types import SimpleNamespace
 
 import pytest
 import triton
-from mamba2_prefill_graph_cases import filled_tables, mismatches, random_case
+from mamba2_prefill_graph_cases import (
+    filled_tables,
+    filled_track,
+    mismatches,
+    random_case,
+    track_mismatches,
+)
 
 from sglang_graphfix.srt.layers.attention.mamba.mamba2_prefill_graph import (
+    TRACK_FINAL_STATE,
+    TRACK_GRID_STATE,
+    TRACK_RECOMPUTE_STATE,
     max_conv_blocks,
     max_logical_chunks,
 )
@@ -59,13 +68,27 @@ def test_tables_equal_sglangs_eager_metadata(cases):
     assert not bad, bad
 
 
+def test_track_plan_equals_sglangs_eager_track_selection(cases):
+    bad, modes = {}, set()
+    for i, case in enumerate(cases):
+        track = filled_track(case, filled_tables(case))
+        if track is None:
+            continue
+        modes.update(track.mode.tolist())
+        found = track_mismatches(case, track)
+        if found:
+            bad[i] = (vars(case), found)
+    assert not bad, bad
+    assert {TRACK_FINAL_STATE, TRACK_GRID_STATE, TRACK_RECOMPUTE_STATE} <= modes
+
+
 def test_bounds_are_reached_and_hold(cases):
     """Every request and the tail start off the chunk grid: the logical chunks
     fill the table exactly (and the comparison above saw no overflow)."""
     C, R = 8, 4
     case = SimpleNamespace(
         chunk=C, bucket=5 * C + 3, slots=R, lens=[3, 9, 5, 13], prefix=[0, 4, 0, 1],
-        rows=[1, 2, 3, 4],
+        rows=[1, 2, 3, 4], tracked=None,
     )  # fmt: skip
     tables = filled_tables(case)
     assert tables.chunk_indices.shape[0] == max_logical_chunks(case.bucket, R, C)
@@ -94,15 +117,31 @@ def test_a_wrong_table_is_detected(cases):
     tables.seq_idx[tables.seq_idx == case.slots] = len(case.lens) - 1
     assert mismatches(case, tables)
 
+    tracked = [(c, filled_track(c, filled_tables(c))) for c in cases if c.tracked]
+    for field, mode in [
+        ("mode", None),
+        ("dst", None),
+        ("conv_window", None),
+        ("h_src", TRACK_GRID_STATE),  # read only by rows of its mode
+        ("end_loc", TRACK_RECOMPUTE_STATE),
+    ]:
+        case, track = next(
+            (c, t) for c, t in tracked if t.mode.max() > 0 and mode in (None, *t.mode)
+        )
+        getattr(track, field)[:] += 1
+        assert track_mismatches(case, track), field
+
 
 def test_fill_reads_no_device_data_on_the_host():
     """On the meta device tensors have shapes but no data: an .item(), a
     .tolist(), a nonzero() or any data-dependent shape would raise."""
     case = SimpleNamespace(
-        chunk=16, bucket=96, slots=5, lens=[30, 1], prefix=[0, 7], rows=[3, 4]
-    )
+        chunk=16, bucket=96, slots=5, lens=[30, 1], prefix=[0, 7], rows=[3, 4],
+        tracked=[True, False], track_lens=[20, 8], track_dst=[9, 9], cache_chunk=32,
+    )  # fmt: skip
     tables = filled_tables(case, device="meta")
-    assert tables.seq_idx.shape == (1, 96)
+    track = filled_track(case, tables)
+    assert tables.seq_idx.shape == (1, 96) and track.conv_window.shape == (5, 3)
     assert tables.chunk_indices.shape == (triton.cdiv(96, 16) + 5,)
 
 
