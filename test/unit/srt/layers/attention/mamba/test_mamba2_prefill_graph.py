@@ -38,9 +38,16 @@ from sglang_graphfix.srt.layers.attention.mamba.mamba2_prefill_graph import (
 )
 
 CASES = 400
-INTERPRETED_CASES = 12
+INTERPRETED_CASES = 16
 SCRIPT = Path(__file__).with_name("interpret_mamba2_prefill_graph.py")
-DIFFS = ("conv_out", "conv_state", "ssd_out", "chunk_states", "varlen_state")
+DIFFS = (
+    "conv_out",
+    "conv_state",
+    "ssd_out",
+    "chunk_states",
+    "varlen_state",
+    "track_state",
+)
 
 
 @pytest.fixture(scope="module")
@@ -162,14 +169,17 @@ def interpreted():
 
 def test_sglangs_kernels_on_the_tables_equal_the_eager_extend(interpreted):
     """sglang's causal_conv1d_fn (block_table) and mamba_chunk_scan_combined
-    (always with initial states) over the whole bucket on the tables give the
-    eager extend's outputs, per-chunk states and final states on the real
-    batch, and finite values on the tail."""
+    (always with initial states, snapshot rows for every request slot) over the
+    whole bucket on the tables give the eager extend's outputs, per-chunk,
+    final, conv and prefix-cache snapshot states on the real batch, and finite
+    values on the tail."""
     plain = [r for r in interpreted if not r["mutate"]]
     assert len(plain) == INTERPRETED_CASES
     assert any(r["prefix"] for r in plain) and not all(r["prefix"] for r in plain)
     assert any(r["requests"] < r["slots"] for r in plain)
     assert any(r["tokens"] < r["bucket"] for r in plain)
+    modes = {m for r in plain for m in r["modes"]}
+    assert {TRACK_FINAL_STATE, TRACK_GRID_STATE, TRACK_RECOMPUTE_STATE} <= modes
     bad = [r for r in plain if not r["finite"] or max(r[k] for k in DIFFS) > 1e-5]
     assert not bad, bad
 
@@ -179,5 +189,9 @@ def test_a_wrong_table_changes_the_kernels_results(interpreted):
     for r in interpreted:
         if r["mutate"]:
             mutated.setdefault(r["mutate"], []).append(max(r[k] for k in DIFFS))
-    assert set(mutated) == {"inert-rows-at-offset-0", "tail-in-last-request"}
+    assert set(mutated) == {
+        "inert-rows-at-offset-0",
+        "tail-in-last-request",
+        "recompute-end-off-by-one",
+    }
     assert all(max(diffs) > 0.1 for diffs in mutated.values()), mutated
