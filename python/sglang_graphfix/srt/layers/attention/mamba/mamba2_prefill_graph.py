@@ -255,7 +255,7 @@ class Mamba2PrefillTrackTables:
             assert t.dim() == 1 and t.shape[0] <= R, tuple(t.shape)
             return torch.nn.functional.pad(t.to(dtype), (0, R - t.shape[0]))
 
-        tracked = rows(track_mask, torch.bool)
+        tracked = rows(track_mask) != 0
         starts = tables.query_start_loc[:R].to(torch.int64)
         seq_ends = tables.query_start_loc[1 : R + 1].to(torch.int64)
         length = rows(track_seq_lens) - rows(extend_prefix_lens)
