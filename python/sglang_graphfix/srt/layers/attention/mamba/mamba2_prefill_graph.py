@@ -1,0 +1,282 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Static per-bucket Mamba2 extend metadata for a full prefill CUDA graph.
+
+Groundwork for sglang/srt/layers/attention/mamba/mamba2_metadata.py (issue 16;
+docs/mamba2_full_prefill_graph.md). Nothing patches sglang with it yet.
+
+``Mamba2Metadata.prepare_mixed`` derives the SSD chunk metadata on the host: the
+request and token counts from ``extend_seq_lens_cpu``, ``prep_initial_states``
+with an ``.item()``, the logical chunk count with a device ``.sum()`` that
+sizes a tensor, and ``chunk_indices`` / ``chunk_offsets`` in a Python loop over
+the requests; ``causal_conv1d_fn`` sizes its grid from ``seq_lens_cpu``. A full
+prefill graph records one launch per token bucket, so here the same metadata
+comes from the batch's device tensors with torch ops whose shapes depend only on
+the bucket (T tokens), the runner's request slots (R) and the chunk size (C):
+nothing reads device data on the host and nothing loops over requests, so the
+fill can run before a replay or inside the graph itself.
+
+Layout of one bucket:
+
+* R + 1 sequences. Rows 0..R-1 are the request slots (zero-length past the
+  batch, as the runner pads them). Row R, the bucket's tail, owns the tokens
+  past the batch: the SSD kernels scan every token of the bucket, so those
+  tokens form a sequence of their own, on the reserved mamba padding slot and
+  without initial state, instead of joining the last request.
+* ``query_start_loc`` [R + 2], ``seq_idx`` [1, T], ``has_initial_states`` and
+  ``cache_indices`` [R + 1]: what ``prepare_mixed`` builds for those sequences.
+* ``chunk_indices`` / ``chunk_offsets`` [cdiv(T, C) + R]: sglang's logical
+  chunks of those sequences (zero-length rows included, as the state-passing
+  kernel counts them), then inert rows -- the last physical chunk at offset C --
+  whose every load and store the chunk-scan kernel masks out. A logical chunk
+  starts at every chunk boundary and at every sequence start off the grid, and
+  only R sequence starts are not at token 0: hence the bound.
+* ``conv_block_table`` [cdiv(T, CAUSAL_CONV1D_FWD_BLOCK_M) + R, 2]: the
+  (sequence, block) rows ``causal_conv1d_fn(block_table=...)`` launches over,
+  ``(PAD_SLOT_ID, 0)`` past the work (same bound argument).
+
+``Mamba2PrefillTrackTables`` holds the prefix-cache snapshot plan the same way:
+one row per request slot with a mode instead of the eager path's masked index
+lists (``_init_track_ssm_indices`` with ``build_prefill_track_plan(mamba2=True)``
+and ``_init_track_conv_indices``), so a captured extend can snapshot with
+fixed-shape gathers and one scatter whose untracked rows land in the padding
+slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from sglang.kernels.ops.mamba.causal_conv1d_triton import (
+    CAUSAL_CONV1D_FWD_BLOCK_M,
+    PAD_SLOT_ID,
+)
+from sglang.kernels.ops.mamba.kda_prefill_track import (
+    TRACK_CHUNK_STATE,
+    TRACK_FINAL_STATE,
+    TRACK_NONE,
+)
+
+# The mamba pools reserve slot 0 for padding (the runner's padded request rows
+# carry request-pool row 0, which maps to it): the tail sequence writes there.
+PADDING_SLOT = 0
+
+# Snapshot modes of a request slot (the first three are upstream's KDA modes):
+# not tracked; the post-extend state (tracked length chunk-aligned); the state at
+# a boundary of the flat chunk grid (``states[h_src]`` of the chunk scan); the
+# state at a boundary off that grid, recomputed from the sequence start
+# (``mamba_chunk_scan_combined(track_seq_idx=, track_end_locs=)``).
+TRACK_GRID_STATE = TRACK_CHUNK_STATE
+TRACK_RECOMPUTE_STATE = 3
+assert TRACK_RECOMPUTE_STATE not in (TRACK_NONE, TRACK_FINAL_STATE, TRACK_CHUNK_STATE)
+
+
+def max_logical_chunks(num_tokens: int, max_requests: int, chunk_size: int) -> int:
+    """Logical SSD chunks of any batch of at most ``max_requests`` requests in a
+    ``num_tokens`` bucket (plus its tail sequence)."""
+    return triton.cdiv(num_tokens, chunk_size) + max_requests
+
+
+def max_conv_blocks(num_tokens: int, max_requests: int) -> int:
+    """(sequence, block) rows of the conv kernel for the same batches."""
+    return triton.cdiv(num_tokens, CAUSAL_CONV1D_FWD_BLOCK_M) + max_requests
+
+
+@dataclass(frozen=True)
+class Mamba2PrefillGraphTables:
+    """The static tables of one token bucket; ``fill`` rewrites them in place."""
+
+    num_tokens: int
+    max_requests: int
+    chunk_size: int
+    query_start_loc: torch.Tensor  # [R + 2] int32
+    seq_idx: torch.Tensor  # [1, T] int32
+    has_initial_states: torch.Tensor  # [R + 1] bool
+    cache_indices: torch.Tensor  # [R + 1]
+    chunk_indices: torch.Tensor  # [max_logical_chunks] int32
+    chunk_offsets: torch.Tensor  # [max_logical_chunks] int32
+    conv_block_table: torch.Tensor  # [max_conv_blocks, 2] int32
+    num_logical_tokens: torch.Tensor  # [1] int32, the batch's tokens
+
+    @classmethod
+    def allocate(
+        cls,
+        *,
+        num_tokens: int,
+        max_requests: int,
+        chunk_size: int,
+        cache_index_dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> Mamba2PrefillGraphTables:
+        assert chunk_size > 0 and chunk_size & (chunk_size - 1) == 0, chunk_size
+        assert num_tokens >= 1 and max_requests >= 1, (num_tokens, max_requests)
+
+        def table(*shape, dtype=torch.int32):
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        n_seqs = max_requests + 1
+        return cls(
+            num_tokens=num_tokens,
+            max_requests=max_requests,
+            chunk_size=chunk_size,
+            query_start_loc=table(n_seqs + 1),
+            seq_idx=table(1, num_tokens),
+            has_initial_states=table(n_seqs, dtype=torch.bool),
+            cache_indices=table(n_seqs, dtype=cache_index_dtype),
+            chunk_indices=table(
+                max_logical_chunks(num_tokens, max_requests, chunk_size)
+            ),
+            chunk_offsets=table(
+                max_logical_chunks(num_tokens, max_requests, chunk_size)
+            ),
+            conv_block_table=table(max_conv_blocks(num_tokens, max_requests), 2),
+            num_logical_tokens=table(1),
+        )
+
+    def fill(
+        self,
+        *,
+        extend_seq_lens: torch.Tensor,
+        extend_prefix_lens: torch.Tensor,
+        slots: torch.Tensor,
+        pad_slot: int = PADDING_SLOT,
+    ) -> None:
+        """Rewrite the tables for a batch given as [R] device tensors: the
+        request slots' extend and cached-prefix lengths (zero past the batch)
+        and their physical mamba slots. Their sum must fit the bucket (the
+        runner's host check); nothing here reads them on the host."""
+        R, T, C = self.max_requests, self.num_tokens, self.chunk_size
+        for name, t in (
+            ("extend_seq_lens", extend_seq_lens),
+            ("extend_prefix_lens", extend_prefix_lens),
+            ("slots", slots),
+        ):
+            assert t.shape == (R,), f"{name}: {tuple(t.shape)} != ({R},)"
+        device = self.query_start_loc.device
+        i64 = dict(dtype=torch.int64, device=device)
+
+        # Sequences: the R request slots, then the bucket's tail.
+        ends = torch.cumsum(extend_seq_lens.to(torch.int64), 0)
+        cu = torch.cat([torch.zeros(1, **i64), ends, torch.full((1,), T, **i64)])
+        starts, seq_ends = cu[:-1], cu[1:]
+        self.query_start_loc.copy_(cu)
+        self.num_logical_tokens.copy_(ends[-1:])
+        tokens = torch.arange(T, **i64)
+        self.seq_idx[0].copy_(torch.searchsorted(seq_ends, tokens, right=True))
+        no_state = torch.zeros(1, dtype=torch.bool, device=device)
+        self.has_initial_states.copy_(torch.cat([extend_prefix_lens > 0, no_state]))
+        tail_slot = torch.full((1,), pad_slot, dtype=slots.dtype, device=device)
+        self.cache_indices.copy_(torch.cat([slots, tail_slot]))
+
+        # Logical chunks (Mamba2Metadata._query_start_loc_to_chunk_indices_offsets):
+        # sequence i covers entries [first[i], last[i]) -- its physical chunks,
+        # shifted by the p[i] sequence starts off the chunk grid up to it.
+        p = torch.cumsum(starts % C > 0, 0)
+        first = starts // C + p
+        last = (seq_ends + C - 1) // C + p
+        entry = torch.arange(self.chunk_indices.shape[0], **i64)
+        seq = torch.searchsorted(last, entry, right=True)
+        live = seq <= R
+        seq = seq.clamp(max=R)
+        offset = torch.where(entry == first[seq], starts[seq] % C, 0)
+        self.chunk_indices.copy_(
+            torch.where(live, entry - p[seq], triton.cdiv(T, C) - 1)
+        )
+        self.chunk_offsets.copy_(torch.where(live, offset, C))
+
+        # Conv blocks: sequence-major (sequence, block) rows.
+        n_blocks = (seq_ends - starts + CAUSAL_CONV1D_FWD_BLOCK_M - 1) // (
+            CAUSAL_CONV1D_FWD_BLOCK_M
+        )
+        block_ends = torch.cumsum(n_blocks, 0)
+        row = torch.arange(self.conv_block_table.shape[0], **i64)
+        seq = torch.searchsorted(block_ends, row, right=True)
+        live = seq <= R
+        seq = seq.clamp(max=R)
+        block = row - (block_ends[seq] - n_blocks[seq])
+        self.conv_block_table[:, 0].copy_(torch.where(live, seq, PAD_SLOT_ID))
+        self.conv_block_table[:, 1].copy_(torch.where(live, block, 0))
+
+
+@dataclass(frozen=True)
+class Mamba2PrefillTrackTables:
+    """Prefix-cache snapshot plan of one bucket, one row per request slot."""
+
+    max_requests: int
+    conv_len: int
+    mode: torch.Tensor  # [R] int32, TRACK_*
+    dst: torch.Tensor  # [R] int64 track slot, the padding slot when untracked
+    h_src: torch.Tensor  # [R] int64 flat chunk of a grid row, else 0
+    end_loc: (
+        torch.Tensor
+    )  # [R] int64 snapshot token of a recompute row, else the row's end
+    conv_window: torch.Tensor  # [R, conv_len] int64 pre-conv token rows
+
+    @classmethod
+    def allocate(
+        cls, *, max_requests: int, conv_len: int, device: torch.device | str
+    ) -> Mamba2PrefillTrackTables:
+        def table(*shape, dtype=torch.int64):
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        R = max_requests
+        return cls(
+            max_requests=R,
+            conv_len=conv_len,
+            mode=table(R, dtype=torch.int32),
+            dst=table(R),
+            h_src=table(R),
+            end_loc=table(R),
+            conv_window=table(R, conv_len),
+        )
+
+    def fill(
+        self,
+        tables: Mamba2PrefillGraphTables,
+        *,
+        track_mask: torch.Tensor,
+        track_seq_lens: torch.Tensor,
+        track_slots: torch.Tensor,
+        extend_prefix_lens: torch.Tensor,
+        cache_chunk_size: int,
+        pad_slot: int = PADDING_SLOT,
+    ) -> None:
+        """Rewrite the plan for the batch ``tables`` was just filled with. The
+        track inputs (``mamba_track_mask`` / ``_seqlens`` / translated
+        ``_indices``) may hold only the batch's rows: missing rows are not
+        tracked. ``cache_chunk_size`` is ``mamba_cache_chunk_size()``."""
+        R, C = self.max_requests, tables.chunk_size
+        assert tables.max_requests == R, (tables.max_requests, R)
+        device = self.mode.device
+
+        def rows(t, dtype=torch.int64):
+            assert t.dim() == 1 and t.shape[0] <= R, tuple(t.shape)
+            return torch.nn.functional.pad(t.to(dtype), (0, R - t.shape[0]))
+
+        tracked = rows(track_mask) != 0
+        starts = tables.query_start_loc[:R].to(torch.int64)
+        seq_ends = tables.query_start_loc[1 : R + 1].to(torch.int64)
+        length = rows(track_seq_lens) - rows(extend_prefix_lens)
+        # build_prefill_track_plan(mamba2=True), per row.
+        end = starts + length // C * C
+        mode = torch.where(
+            length % C == 0,
+            TRACK_FINAL_STATE,
+            torch.where(end % C == 0, TRACK_GRID_STATE, TRACK_RECOMPUTE_STATE),
+        )
+        mode = torch.where(tracked, mode, TRACK_NONE)
+        self.mode.copy_(mode)
+        self.dst.copy_(torch.where(tracked, rows(track_slots), pad_slot))
+        self.h_src.copy_(torch.where(mode == TRACK_GRID_STATE, end // C, 0))
+        # Untracked rows recompute their whole sequence (a segment that is never
+        # empty at token 0 for a real batch); the result is not used.
+        self.end_loc.copy_(torch.where(mode == TRACK_RECOMPUTE_STATE, end, seq_ends))
+        # _init_track_conv_indices: the window ends at the cache-chunk-aligned
+        # length, clamped into the batch's tokens.
+        aligned = length // cache_chunk_size * cache_chunk_size
+        first = starts + aligned - self.conv_len
+        window = first[:, None] + torch.arange(self.conv_len, device=device)
+        last = tables.num_logical_tokens.to(torch.int64) - 1
+        self.conv_window.copy_(torch.minimum(window.clamp(min=0), last))

@@ -1,0 +1,321 @@
+"""Random batches for the Mamba2 full prefill graph tables
+(sglang_graphfix.srt.layers.attention.mamba.mamba2_prefill_graph), padded as the
+full prefill runner pads a replay (zero-length request slots on pool row 0,
+tokens past the batch), with cached prefixes and prompts around the chunk size,
+and the comparison with sglang's own eager builders. Shared by the CPU test and
+the Triton-interpreter script
+(test/unit/srt/layers/attention/mamba/test_mamba2_prefill_graph.py,
+interpret_mamba2_prefill_graph.py)."""
+
+import random
+import types
+from types import SimpleNamespace
+from unittest import mock
+
+import torch
+import triton
+
+from sglang.kernels.ops.mamba.causal_conv1d_triton import PAD_SLOT_ID
+from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
+from sglang.srt.layers.attention.linear.kda_prefill_graph import (
+    KDAPrefillGraphMetadata,
+)
+from sglang.srt.layers.attention.mamba.mamba2_metadata import Mamba2Metadata
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang_graphfix.srt.layers.attention.mamba.mamba2_prefill_graph import (
+    PADDING_SLOT,
+    TRACK_FINAL_STATE,
+    TRACK_GRID_STATE,
+    TRACK_NONE,
+    TRACK_RECOMPUTE_STATE,
+    Mamba2PrefillGraphTables,
+    Mamba2PrefillTrackTables,
+)
+
+CONV_LEN = 3  # conv kernel width - 1
+SLOT_OF_ROW = [PADDING_SLOT, *range(17, 17 + 64)]  # request-pool row -> mamba slot
+
+
+class Pool:
+    """req_to_token_pool stand-in: row -> slot, identity virtual -> physical."""
+
+    def get_mamba_indices(self, rows):
+        return torch.tensor(SLOT_OF_ROW, dtype=torch.int32)[rows]
+
+    def translate_mamba_indices(self, indices):
+        return indices
+
+
+def mamba2_backend(chunk_size):
+    # Mamba2AttnBackend.__init__ needs a model runner with a mamba pool.
+    backend = Mamba2AttnBackend.__new__(Mamba2AttnBackend)
+    backend.req_to_token_pool = Pool()
+    backend.device = torch.device("cpu")
+    backend.topk = 0
+    backend._mamba_chunk_size = chunk_size
+    backend.conv_states_shape = (2, len(SLOT_OF_ROW), 32, CONV_LEN)
+    return backend
+
+
+def eager_metadata(case):
+    """Mamba2AttnBackend.init_forward_metadata's Mamba2Metadata for the batch."""
+    backend = mamba2_backend(case.chunk)
+    with mock.patch(
+        "sglang.srt.model_executor.forward_batch_info.mamba_cache_chunk_size",
+        lambda: case.cache_chunk,
+    ):
+        Mamba2AttnBackend.init_forward_metadata(backend, live_batch(case))
+    return backend.forward_metadata
+
+
+def random_case(rng, chunks=(4, 8, 16, 64)):
+    chunk = rng.choice(chunks)
+    bucket = rng.choice([1, 2, 3, 5, 8]) * chunk + rng.choice([0, 0, 1, chunk // 2, -1])
+    bucket = max(bucket, 2)
+    # Every request holds a token, so the runner has at most one slot per token
+    # (one fewer here, for the tail in sglang's conv-table fill).
+    slots = rng.randint(1, min(9, bucket - 1))
+    bs = rng.randint(1, min(slots, bucket))
+    lens = []
+    for _ in range(bs):
+        left = bucket - sum(lens) - (bs - len(lens) - 1)  # keep >= 1 for the rest
+        near = rng.choice([chunk - 1, chunk, chunk + 1, 2 * chunk, 1])
+        lens.append(max(1, min(left, rng.choice([near, rng.randint(1, left)]))))
+    if rng.random() < 0.25:  # a batch that fills the bucket: no tail
+        lens[-1] += bucket - sum(lens)
+    prefix = [rng.choice([0, 0, rng.randint(1, 3 * chunk)]) for _ in lens]
+    rows = rng.sample(range(1, len(SLOT_OF_ROW)), bs)
+    # Prefix-cache snapshots: on some batches, some rows snapshot at a length
+    # inside this extend -- the end, a chunk boundary or anywhere.
+    tracked = [rng.random() < 0.6 for _ in lens] if rng.random() < 0.7 else None
+    track_lens = [
+        p + max(1, min(n, rng.choice([n, n // chunk * chunk, rng.randint(1, n)])))
+        for n, p in zip(lens, prefix)
+    ]
+    return SimpleNamespace(
+        chunk=chunk, bucket=bucket, slots=slots, lens=lens, prefix=prefix, rows=rows,
+        tracked=tracked, track_lens=track_lens,
+        track_dst=[100 + r for r in range(bs)],
+        cache_chunk=chunk * rng.choice([1, 2]),
+    )  # fmt: skip
+
+
+def live_batch(case):
+    """The scheduler's ForwardBatch for the real requests (fields read by
+    Mamba2AttnBackend.init_forward_metadata)."""
+    lens = torch.tensor(case.lens)
+    batch = SimpleNamespace(
+        forward_mode=ForwardMode.EXTEND,
+        logical_forward_mode=ForwardMode.EXTEND,
+        batch_size=len(case.lens),
+        req_pool_indices=torch.tensor(case.rows),
+        seq_lens=lens + torch.tensor(case.prefix),
+        extend_num_tokens=sum(case.lens),
+        extend_seq_lens=lens,
+        extend_seq_lens_cpu=list(case.lens),
+        extend_start_loc=torch.cumsum(lens, 0) - lens,
+        extend_prefix_lens=torch.tensor(case.prefix),
+        extend_prefix_lens_cpu=list(case.prefix),
+        tbo_parent_token_range=None,
+        spec_info=None,
+        mamba_track_mask=None,
+        mamba_track_indices=None,
+        mamba_track_seqlens=None,
+        mamba_prefill_track_mask_cpu=None,
+        mamba_track_seqlens_cpu=None,
+    )
+    if case.tracked is not None:
+        batch.mamba_track_mask = torch.tensor(case.tracked)
+        batch.mamba_track_indices = torch.tensor(case.track_dst)
+        batch.mamba_track_seqlens = torch.tensor(case.track_lens)
+        batch.mamba_prefill_track_mask_cpu = list(case.tracked)
+        batch.mamba_track_seqlens_cpu = list(case.track_lens)
+    batch.mamba_track_aligned_lens = types.MethodType(
+        ForwardBatch.mamba_track_aligned_lens, batch
+    )
+    return batch
+
+
+def filled_tables(case, device="cpu"):
+    tables = Mamba2PrefillGraphTables.allocate(
+        num_tokens=case.bucket,
+        max_requests=case.slots,
+        chunk_size=case.chunk,
+        cache_index_dtype=torch.int32,
+        device=device,
+    )
+    # First the capture batch (one request over the bucket), then the
+    # runner's padded replay view: zero-length slots on pool row 0.
+    for lens, prefix, rows in (
+        ([case.bucket], [0], [1]),
+        (case.lens, case.prefix, case.rows),
+    ):
+        pad = [0] * (case.slots - len(lens))
+        tables.fill(
+            extend_seq_lens=torch.tensor([*lens, *pad], device=device),
+            extend_prefix_lens=torch.tensor([*prefix, *pad], device=device),
+            slots=Pool().get_mamba_indices(torch.tensor([*rows, *pad])).to(device),
+        )
+    return tables
+
+
+def mismatches(case, tables):
+    """Every difference between ``tables`` and sglang's eager metadata for
+    ``case``; empty when they agree."""
+    out = []
+
+    def check(name, ours, eager):
+        ours, eager = torch.as_tensor(ours).tolist(), torch.as_tensor(eager).tolist()
+        if ours != eager:
+            out.append(f"{name}: ours {ours} != sglang {eager}")
+
+    bs, total, C = len(case.lens), sum(case.lens), case.chunk
+    R, T = case.slots, case.bucket
+
+    # 1. The real batch, through sglang's eager backend path.
+    meta = eager_metadata(case)
+    mixed = meta.mixed_metadata
+    assert meta.num_prefills == bs and meta.num_prefill_tokens == total
+    check("num_logical_tokens", tables.num_logical_tokens, [total])
+    check("query_start_loc", tables.query_start_loc[: bs + 1], meta.query_start_loc)
+    check("seq_idx", tables.seq_idx[:, :total], mixed.seq_idx)
+    check(
+        "has_initial_states",
+        tables.has_initial_states[:bs],
+        mixed.has_initial_states[:bs],
+    )
+    check("cache_indices", tables.cache_indices[:bs], meta.mamba_cache_indices)
+    if mixed.prep_initial_states:  # eager builds the chunk tables only then
+        n = mixed.chunk_indices.shape[0]
+        check("chunk_indices (real)", tables.chunk_indices[:n], mixed.chunk_indices)
+        check("chunk_offsets (real)", tables.chunk_offsets[:n], mixed.chunk_offsets)
+
+    # 2. The padded sequences (request slots, then the tail) through sglang's
+    # chunk helper; past them, inert rows.
+    cu = torch.tensor([0, *torch.cumsum(torch.tensor(case.lens), 0).tolist()])
+    cu = torch.cat([cu, cu[-1:].repeat(R - bs), torch.tensor([T])]).to(torch.int32)
+    check("query_start_loc (padded)", tables.query_start_loc, cu)
+    check(
+        "seq_idx (padded)",
+        tables.seq_idx[0],
+        torch.arange(R + 1).repeat_interleave(cu.diff()),
+    )
+    check(
+        "has_initial_states (tail)",
+        tables.has_initial_states[bs:],
+        [False] * (R + 1 - bs),
+    )
+    check(
+        "cache_indices (padding)",
+        tables.cache_indices[bs:],
+        [PADDING_SLOT] * (R + 1 - bs),
+    )
+    # sglang's helper indexes past its table for a zero-length sequence that
+    # starts on the grid at the very end (total == T, T % C == 0, padded slots).
+    if not (T % C == 0 and cu[-2] == T):
+        idx, off = Mamba2Metadata._query_start_loc_to_chunk_indices_offsets(cu, C, T)
+        n = idx.shape[0]
+        if n > tables.chunk_indices.shape[0]:
+            out.append(
+                f"{n} logical chunks exceed the bound {tables.chunk_indices.shape[0]}"
+            )
+        check("chunk_indices (padded)", tables.chunk_indices[:n], idx)
+        check("chunk_offsets (padded)", tables.chunk_offsets[:n], off)
+        rest = tables.chunk_indices.shape[0] - n
+        check(
+            "chunk_indices (inert)",
+            tables.chunk_indices[n:],
+            [triton.cdiv(T, C) - 1] * rest,
+        )
+        check("chunk_offsets (inert)", tables.chunk_offsets[n:], [C] * rest)
+
+    # 3. Conv blocks, as sglang's own static-table fill lays them out for the
+    # same R + 1 sequences.
+    kda = KDAPrefillGraphMetadata.allocate(
+        num_tokens=T,
+        max_seqs_cap=R + 1,
+        track=False,
+        cache_index_dtype=torch.int32,
+        device="cpu",
+    )
+    kda.fill(
+        extend_seq_lens=cu.diff().tolist(),
+        cache_indices=tables.cache_indices,
+        extend_prefix_lens=torch.zeros(R + 1, dtype=torch.int64),
+        track_rows=None,
+    )
+    rows = tables.conv_block_table.shape[0]
+    check("conv_block_table", tables.conv_block_table, kda.conv_block_table[:rows])
+    check(
+        "conv_block_table (past the bound)",
+        kda.conv_block_table[rows:],
+        [[PAD_SLOT_ID, 0]] * (kda.conv_block_table.shape[0] - rows),
+    )
+    return out
+
+
+def make_case(seed, chunks=(4, 8, 16, 64)):
+    return random_case(random.Random(seed), chunks)
+
+
+def filled_track(case, tables):
+    """The snapshot plan for ``case`` (after ``filled_tables``), None when the
+    batch tracks nothing. The track inputs hold the batch's rows only."""
+    if case.tracked is None:
+        return None
+    track = Mamba2PrefillTrackTables.allocate(
+        max_requests=case.slots, conv_len=CONV_LEN, device=tables.seq_idx.device
+    )
+    device = tables.seq_idx.device
+    track.fill(
+        tables,
+        track_mask=torch.tensor(case.tracked, device=device),
+        track_seq_lens=torch.tensor(case.track_lens, device=device),
+        track_slots=torch.tensor(case.track_dst, device=device),
+        extend_prefix_lens=torch.tensor(case.prefix, device=device),
+        cache_chunk_size=case.cache_chunk,
+    )
+    return track
+
+
+def track_mismatches(case, track):
+    """Every difference between the snapshot plan and sglang's eager track
+    selection (_init_track_ssm_indices_from_cpu, _init_track_conv_indices,
+    prepare_mixed's conv destinations)."""
+    out = []
+
+    def check(name, ours, eager):
+        ours, eager = torch.as_tensor(ours).tolist(), torch.as_tensor(eager).tolist()
+        if ours != eager:
+            out.append(f"{name}: ours {ours} != sglang {eager}")
+
+    meta = eager_metadata(case)
+    if not meta.has_mamba_track_mask:
+        check("mode (nothing tracked)", track.mode, [TRACK_NONE] * case.slots)
+        return out
+    bs = len(case.lens)
+    check("padding rows' mode", track.mode[bs:], [TRACK_NONE] * (case.slots - bs))
+    mode, dst = track.mode[:bs].tolist(), track.dst
+    slots = meta.mamba_cache_indices
+
+    def where(m):
+        return [r for r, v in enumerate(mode) if v == m]
+
+    final, grid, recompute = (
+        where(TRACK_FINAL_STATE),
+        where(TRACK_GRID_STATE),
+        where(TRACK_RECOMPUTE_STATE),
+    )
+    check("final src", slots[final], meta.track_ssm_final_src)
+    check("final dst", dst[final], meta.track_ssm_final_dst)
+    check("grid h_src", track.h_src[grid], meta.track_ssm_h_src)
+    check("grid dst", dst[grid], meta.track_ssm_h_dst)
+    check("recompute rows", recompute, meta.track_ssm_seq_idx)
+    check("recompute end", track.end_loc[recompute], meta.track_ssm_end_locs)
+    check("recompute dst", dst[recompute], meta.track_ssm_recompute_dst)
+    tracked = sorted(final + grid + recompute)
+    check("conv window", track.conv_window[tracked], meta.track_conv_indices)
+    check("conv dst", dst[tracked], meta.conv_states_mask_indices)
+    untracked = [r for r in range(case.slots) if r not in tracked]
+    check("untracked dst", dst[untracked], [PADDING_SLOT] * len(untracked))
+    return out

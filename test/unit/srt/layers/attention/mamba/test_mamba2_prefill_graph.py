@@ -1,0 +1,197 @@
+"""Mamba2 full prefill graph tables on CPU, against sglang's own eager builders.
+
+Many random batches (test/mamba2_prefill_graph_cases.py), padded as the full
+prefill runner pads a replay, with cached prefixes and prompts around the chunk
+size: the static tables must describe the real batch exactly as
+Mamba2AttnBackend.init_forward_metadata -> Mamba2Metadata.prepare_mixed does
+(query_start_loc, seq_idx, has_initial_states, slots, chunk_indices /
+chunk_offsets), the padded sequences as sglang's chunk helper does, the conv
+blocks as sglang's KDAPrefillGraphMetadata.fill does; the fill must run on
+tensors without data (no host read, shapes from the bucket only); and sglang's
+own conv and SSD kernels, run in Triton's CPU interpreter over the whole bucket
+on the tables, must reproduce the eager extend on the real batch."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import triton
+from mamba2_prefill_graph_cases import (
+    filled_tables,
+    filled_track,
+    mismatches,
+    random_case,
+    track_mismatches,
+)
+
+from sglang_graphfix.srt.layers.attention.mamba.mamba2_prefill_graph import (
+    TRACK_FINAL_STATE,
+    TRACK_GRID_STATE,
+    TRACK_RECOMPUTE_STATE,
+    max_conv_blocks,
+    max_logical_chunks,
+)
+
+CASES = 400
+INTERPRETED_CASES = 16
+SCRIPT = Path(__file__).with_name("interpret_mamba2_prefill_graph.py")
+DIFFS = (
+    "conv_out",
+    "conv_state",
+    "ssd_out",
+    "chunk_states",
+    "varlen_state",
+    "track_state",
+)
+
+
+@pytest.fixture(scope="module")
+def cases():
+    rng = random.Random(16)
+    return [random_case(rng) for _ in range(CASES)]
+
+
+def test_cases_cover_padding_prefixes_tails_and_chunk_edges(cases):
+    assert any(len(c.lens) < c.slots for c in cases)  # zero-length request slots
+    assert any(len(c.lens) == c.slots > 1 for c in cases)
+    assert any(sum(c.lens) == c.bucket for c in cases)  # no tail
+    assert any(any(c.prefix) for c in cases) and any(not any(c.prefix) for c in cases)
+    assert any(any(n % c.chunk == 0 for n in c.lens) for c in cases)
+    assert any(any(n % c.chunk == c.chunk - 1 for n in c.lens) for c in cases)
+    assert any(any(n % c.chunk == 1 and n > 1 for n in c.lens) for c in cases)
+
+
+def test_tables_equal_sglangs_eager_metadata(cases):
+    bad = {}
+    for i, case in enumerate(cases):
+        found = mismatches(case, filled_tables(case))
+        if found:
+            bad[i] = (vars(case), found)
+    assert not bad, bad
+
+
+def test_track_plan_equals_sglangs_eager_track_selection(cases):
+    bad, modes = {}, set()
+    for i, case in enumerate(cases):
+        track = filled_track(case, filled_tables(case))
+        if track is None:
+            continue
+        modes.update(track.mode.tolist())
+        found = track_mismatches(case, track)
+        if found:
+            bad[i] = (vars(case), found)
+    assert not bad, bad
+    assert {TRACK_FINAL_STATE, TRACK_GRID_STATE, TRACK_RECOMPUTE_STATE} <= modes
+
+
+def test_bounds_are_reached_and_hold(cases):
+    """Every request and the tail start off the chunk grid: the logical chunks
+    fill the table exactly (and the comparison above saw no overflow)."""
+    C, R = 8, 4
+    case = SimpleNamespace(
+        chunk=C, bucket=5 * C + 3, slots=R, lens=[3, 9, 5, 13], prefix=[0, 4, 0, 1],
+        rows=[1, 2, 3, 4], tracked=None,
+    )  # fmt: skip
+    tables = filled_tables(case)
+    assert tables.chunk_indices.shape[0] == max_logical_chunks(case.bucket, R, C)
+    assert (tables.chunk_offsets < C).all()  # no inert row left
+    assert tables.conv_block_table.shape[0] == max_conv_blocks(case.bucket, R)
+    assert not mismatches(case, tables)
+
+
+def test_a_wrong_table_is_detected(cases):
+    case = next(
+        c for c in cases if any(c.prefix) and 1 < len(c.lens) and sum(c.lens) < c.bucket
+    )
+    for field, index, delta in [
+        ("chunk_offsets", 1, 1),
+        ("chunk_indices", 1, 1),
+        ("seq_idx", (0, 0), 1),
+        ("query_start_loc", -2, 1),
+        ("conv_block_table", (0, 1), 1),
+        ("cache_indices", -1, 1),
+    ]:
+        tables = filled_tables(case)
+        getattr(tables, field)[index] += delta
+        assert mismatches(case, tables), field
+    # The tail merged into the last request (no tail sequence) is caught too.
+    tables = filled_tables(case)
+    tables.seq_idx[tables.seq_idx == case.slots] = len(case.lens) - 1
+    assert mismatches(case, tables)
+
+    tracked = [(c, filled_track(c, filled_tables(c))) for c in cases if c.tracked]
+    for field, mode in [
+        ("mode", None),
+        ("dst", None),
+        ("conv_window", None),
+        ("h_src", TRACK_GRID_STATE),  # read only by rows of its mode
+        ("end_loc", TRACK_RECOMPUTE_STATE),
+    ]:
+        case, track = next(
+            (c, t) for c, t in tracked if t.mode.max() > 0 and mode in (None, *t.mode)
+        )
+        getattr(track, field)[:] += 1
+        assert track_mismatches(case, track), field
+
+
+def test_fill_reads_no_device_data_on_the_host():
+    """On the meta device tensors have shapes but no data: an .item(), a
+    .tolist(), a nonzero() or any data-dependent shape would raise."""
+    case = SimpleNamespace(
+        chunk=16, bucket=96, slots=5, lens=[30, 1], prefix=[0, 7], rows=[3, 4],
+        tracked=[True, False], track_lens=[20, 8], track_dst=[9, 9], cache_chunk=32,
+    )  # fmt: skip
+    tables = filled_tables(case, device="meta")
+    track = filled_track(case, tables)
+    assert tables.seq_idx.shape == (1, 96) and track.conv_window.shape == (5, 3)
+    assert tables.chunk_indices.shape == (triton.cdiv(96, 16) + 5,)
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    # TRITON_INTERPRET must be set before triton is imported: a fresh process.
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CASES": str(INTERPRETED_CASES)}
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
+    )
+    return [json.loads(line) for line in run.stdout.splitlines()]
+
+
+def test_sglangs_kernels_on_the_tables_equal_the_eager_extend(interpreted):
+    """sglang's causal_conv1d_fn (block_table) and mamba_chunk_scan_combined
+    (always with initial states, snapshot rows for every request slot) over the
+    whole bucket on the tables give the eager extend's outputs, per-chunk,
+    final, conv and prefix-cache snapshot states on the real batch, and finite
+    values on the tail."""
+    plain = [r for r in interpreted if not r["mutate"]]
+    assert len(plain) == INTERPRETED_CASES
+    assert any(r["prefix"] for r in plain) and not all(r["prefix"] for r in plain)
+    assert any(r["requests"] < r["slots"] for r in plain)
+    assert any(r["tokens"] < r["bucket"] for r in plain)
+    modes = {m for r in plain for m in r["modes"]}
+    assert {TRACK_FINAL_STATE, TRACK_GRID_STATE, TRACK_RECOMPUTE_STATE} <= modes
+    bad = [r for r in plain if not r["finite"] or max(r[k] for k in DIFFS) > 1e-5]
+    assert not bad, bad
+
+
+def test_a_wrong_table_changes_the_kernels_results(interpreted):
+    mutated = {}
+    for r in interpreted:
+        if r["mutate"]:
+            mutated.setdefault(r["mutate"], []).append(max(r[k] for k in DIFFS))
+    assert set(mutated) == {
+        "inert-rows-at-offset-0",
+        "tail-in-last-request",
+        "recompute-end-off-by-one",
+    }
+    assert all(max(diffs) > 0.1 for diffs in mutated.values()), mutated
