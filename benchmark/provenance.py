@@ -35,10 +35,12 @@ def _git(*args: str) -> str | None:
 def _commit() -> tuple[str | None, bool | None, str]:
     """(commit, dirty, where it came from); dirty: tracked files differ from it."""
     shipped = os.environ.get("GRAPHFIX_COMMIT")
+    commit = _git("rev-parse", "HEAD")
     if shipped:
         sha, dirty = shipped.removesuffix("-dirty"), shipped.endswith("-dirty")
+        if commit is not None and commit != sha:
+            return sha, dirty, f"GRAPHFIX_COMMIT (the .git here says {commit})"
         return sha, dirty, "GRAPHFIX_COMMIT"
-    commit = _git("rev-parse", "HEAD")
     if commit is not None:
         status = _git("status", "--porcelain", "--untracked-files=no")
         return commit, None if status is None else bool(status), "git"

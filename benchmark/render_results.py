@@ -415,7 +415,8 @@ def flashinfer_gdn_capture() -> list:
         f"control diverges in {sum(map(_diverged, hybrid_bad))} of "
         f"{len(hybrid_bad)} |",
         f"| hidden-1024 Qwen3-Next, first-token logprob error vs fp32 transformers "
-        f"at {' / '.join(map(str, lengths))} tokens | full graph {errs('full')}; "
+        f"at {' / '.join(map(str, lengths))} tokens | full graph (FlashInfer "
+        f"captured) {errs('full')}; "
         f"sglang default eager {errs('default')}; Triton eager {errs('triton')} "
         f"(NaN at {', '.join(map(str, nan))} tokens) |",
         "",

@@ -105,7 +105,9 @@ class LinearFamily:
 # (benchmark/results/gpu/gdn_extend_kernel_flashinfer.json), but engines on a
 # hidden-1024 Qwen3-Next gave NaN first-token logprobs at some prompt lengths
 # (gdn_prefill_accuracy_fp32.json), with the token rows past the batch not yet
-# zeroed. Set it to 90 once test/gpu/test_gdn_prefill_accuracy.py passes so.
+# zeroed. Set it to 90 once the FlashInfer cases of test/gpu's
+# test_gdn_extend_kernel.py, test_hybrid_full_prefill_graph.py and
+# test_gdn_prefill_accuracy.py pass.
 FLASHINFER_GDN_CAPTURE_SM: int | None = None
 
 

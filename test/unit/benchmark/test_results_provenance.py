@@ -45,9 +45,13 @@ def test_provenance_records_this_checkout(monkeypatch):
 
 
 def test_the_shippers_commit_wins_over_a_git_folder(monkeypatch):
-    """A shipped tree may carry a stale .git (the GPU machine's did)."""
+    """A shipped tree may carry a stale .git (the GPU machine's did): the
+    shipper's commit is recorded, and what the .git says beside it."""
     monkeypatch.setenv("GRAPHFIX_COMMIT", "0123abc")
-    assert provenance._commit() == ("0123abc", False, "GRAPHFIX_COMMIT")
+    monkeypatch.setattr(provenance, "_git", lambda *a: "fedcba9")
+    sha, dirty, source = provenance._commit()
+    assert (sha, dirty) == ("0123abc", False)
+    assert source == "GRAPHFIX_COMMIT (the .git here says fedcba9)"
 
 
 def test_commit_without_git_comes_from_the_shipper_or_is_unknown(monkeypatch, tmp_path):
