@@ -631,10 +631,16 @@ def settings_from_server_args(server_args: Any) -> tuple[Settings, str | None]:
         mla=use_mla_backend(server_args),
         sm=device_sm(),
         dllm=cfg.dllm_algorithm is not None,
-        mamba_mixer=mamba_mixer_of_config(model_config),
-        mixed_chunk=bool(cfg.enable_mixed_chunk),
-        speculative=cfg.speculative_algorithm is not None,
-        two_batch_overlap=bool(cfg.enable_two_batch_overlap),
+        **(
+            dict(
+                mamba_mixer=mamba_mixer_of_config(model_config),
+                mixed_chunk=bool(cfg.enable_mixed_chunk),
+                speculative=cfg.speculative_algorithm is not None,
+                two_batch_overlap=bool(cfg.enable_two_batch_overlap),
+            )
+            if family is not None and family.name == _MAMBA2_FAMILY
+            else {}
+        ),
     )
     return settings, family_label(model_config)
 
@@ -680,12 +686,17 @@ def settings_from_linear_backend(linear, prefill_runner=None) -> Settings:
         mla=bool(getattr(model_runner, "use_mla_backend", False)),
         sm=device_sm(),
         dllm=getattr(prefill_runner, "dllm_attention", None) is not None,
-        **(_mamba2_runtime_facts(linear) if family.name == _MAMBA2_FAMILY else {}),
+        **(
+            _mamba2_runtime_facts(linear)
+            if family.name == _MAMBA2_FAMILY and MAMBA2_FULL_PREFILL_GRAPH
+            else {}
+        ),
     )
 
 
 def _mamba2_runtime_facts(linear) -> dict:
-    """The Mamba2 conditions' facts from the published runtime context."""
+    """The Mamba2 conditions' facts from the published runtime context (read
+    only with the switch on: off, the family is refused whatever they are)."""
     return dict(
         mamba_mixer=_mamba_mixer_of_backend(linear),
         mixed_chunk=bool(get_schedule().enable_mixed_chunk),
