@@ -6,7 +6,9 @@ runner plans a plain EXTEND out of graph through init_forward_metadata_out_graph
 which the linear side answers with _replay_metadata. That path only knows decode
 and verify, and indexes per-batch-size buffers that only the decode runner
 allocates (init_cuda_graph_state), so the first prefill capture fails with
-``IndexError: list index out of range``.
+``IndexError: list index out of range``. The Mamba2 extend (behind
+MAMBA2_FULL_PREFILL_GRAPH) runs upstream's MambaMixer2 on per-bucket static
+metadata planned here, with its prefix-cache snapshot copies made fixed-shape.
 """
 
 from __future__ import annotations
