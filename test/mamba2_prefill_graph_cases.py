@@ -43,17 +43,17 @@ class Pool:
     """req_to_token_pool stand-in: row -> slot, identity virtual -> physical."""
 
     def get_mamba_indices(self, rows):
-        return torch.tensor(SLOT_OF_ROW, dtype=torch.int32)[rows]
+        return torch.tensor(SLOT_OF_ROW, dtype=torch.int32).to(rows.device)[rows]
 
     def translate_mamba_indices(self, indices):
         return indices
 
 
-def mamba2_backend(chunk_size):
+def mamba2_backend(chunk_size, device="cpu"):
     # Mamba2AttnBackend.__init__ needs a model runner with a mamba pool.
     backend = Mamba2AttnBackend.__new__(Mamba2AttnBackend)
     backend.req_to_token_pool = Pool()
-    backend.device = torch.device("cpu")
+    backend.device = torch.device(device)
     backend.topk = 0
     backend._mamba_chunk_size = chunk_size
     backend.conv_states_shape = (2, len(SLOT_OF_ROW), 32, CONV_LEN)
@@ -103,7 +103,15 @@ def random_case(rng, chunks=(4, 8, 16, 64)):
     )  # fmt: skip
 
 
-def live_batch(case):
+def _on(batch, device):
+    """``batch`` with its tensors moved to ``device``."""
+    for name, value in vars(batch).items():
+        if isinstance(value, torch.Tensor):
+            setattr(batch, name, value.to(device))
+    return batch
+
+
+def live_batch(case, device="cpu"):
     """The scheduler's ForwardBatch for the real requests (fields read by
     Mamba2AttnBackend.init_forward_metadata)."""
     lens = torch.tensor(case.lens)
@@ -136,7 +144,7 @@ def live_batch(case):
     batch.mamba_track_aligned_lens = types.MethodType(
         ForwardBatch.mamba_track_aligned_lens, batch
     )
-    return batch
+    return _on(batch, device)
 
 
 def filled_tables(case, device="cpu"):
@@ -327,13 +335,13 @@ def track_mismatches(case, track):
 # ---- the full prefill runner's batches, and the runtime a replay sees ----
 
 
-def capture_batch(case, track):
+def capture_batch(case, track, device="cpu"):
     """PrefillCudaGraphRunner.capture_prepare's batch for the bucket (the fields
     the linear side reads): one request over the bucket, zero-length slots."""
     R, T = case.slots, case.bucket
     lens = torch.tensor([T] + [0] * (R - 1))
     zeros = torch.zeros(R, dtype=torch.int64)
-    return SimpleNamespace(
+    return _on(SimpleNamespace(
         forward_mode=ForwardMode.EXTEND, logical_forward_mode=ForwardMode.EXTEND,
         batch_size=R, input_ids=torch.zeros(T, dtype=torch.int64),
         req_pool_indices=torch.arange(R), extend_seq_lens=lens,
@@ -342,10 +350,10 @@ def capture_batch(case, track):
         mamba_track_mask=torch.zeros(R, dtype=torch.bool) if track else None,
         mamba_track_indices=zeros if track else None,
         mamba_track_seqlens=zeros if track else None,
-    )  # fmt: skip
+    ), device)  # fmt: skip
 
 
-def replay_view(case, live):
+def replay_view(case, live, device="cpu"):
     """_prepare_forward_metadata_for_replay's padded view of the live batch."""
     pad = [0] * (case.slots - len(case.lens))
     view = SimpleNamespace(**vars(live))
@@ -354,7 +362,7 @@ def replay_view(case, live):
     view.req_pool_indices = torch.tensor([*case.rows, *pad])
     view.extend_seq_lens = torch.tensor([*case.lens, *pad])
     view.extend_prefix_lens = torch.tensor([*case.prefix, *pad])
-    return view
+    return _on(view, device)
 
 
 def graph_runtime(case):
