@@ -191,8 +191,9 @@ def run_case(seed, mutate="", *, device="cpu", capture_graph=False, chunks=(4, 8
         view = replay_view(case, live_batch(case, device), device)
         with _sync_checked(device):
             hybrid.init_forward_metadata_out_graph(view, in_capture=False)
-            assert graph.forward_metadata is captured_meta  # the captured buffers
-            _mutate(captured_meta, mutate)
+        assert graph.forward_metadata is captured_meta  # the captured buffers
+        _mutate(captured_meta, mutate)
+        with _sync_checked(device):
             if cuda_graph is not None:
                 cuda_graph.replay()
             else:

@@ -42,8 +42,15 @@ SLOT_OF_ROW = [PADDING_SLOT, *range(17, 17 + 64)]  # request-pool row -> mamba s
 class Pool:
     """req_to_token_pool stand-in: row -> slot, identity virtual -> physical."""
 
+    def __init__(self):
+        self._slot_of_row = {}  # per device, made once (a replay copies nothing)
+
     def get_mamba_indices(self, rows):
-        return torch.tensor(SLOT_OF_ROW, dtype=torch.int32).to(rows.device)[rows]
+        table = self._slot_of_row.get(rows.device)
+        if table is None:
+            table = torch.tensor(SLOT_OF_ROW, dtype=torch.int32).to(rows.device)
+            self._slot_of_row[rows.device] = table
+        return table[rows]
 
     def translate_mamba_indices(self, indices):
         return indices

@@ -14,7 +14,6 @@ without the graph.
 Written without a GPU: not run yet."""
 
 import pytest
-import torch
 
 import sglang_graphfix
 
@@ -36,9 +35,7 @@ def run_case():
 def test_replayed_graph_equals_the_eager_extend(run_case, seed):
     result = run_case(seed, device="cuda", capture_graph=True, chunks=(8, 16, 64))
     assert result["finite"], result
-    assert max(result[k] for k in ("out", "conv_pool", "ssm_pool")) < TOLERANCE, (
-        result
-    )
+    assert max(result[k] for k in ("out", "conv_pool", "ssm_pool")) < TOLERANCE, result
 
 
 @pytest.mark.parametrize(
