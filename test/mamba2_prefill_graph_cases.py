@@ -16,12 +16,15 @@ import torch
 import triton
 
 from sglang.kernels.ops.mamba.causal_conv1d_triton import PAD_SLOT_ID
+from sglang.srt.layers.attention import hybrid_linear_attn_backend as upstream
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
 from sglang.srt.layers.attention.linear.kda_prefill_graph import (
     KDAPrefillGraphMetadata,
 )
 from sglang.srt.layers.attention.mamba.mamba2_metadata import Mamba2Metadata
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang_graphfix.srt import full_prefill_graph_capability as capability
+from sglang_graphfix.srt.layers.attention.mamba import mamba2_prefill_graph as ours
 from sglang_graphfix.srt.layers.attention.mamba.mamba2_prefill_graph import (
     PADDING_SLOT,
     TRACK_FINAL_STATE,
@@ -39,18 +42,25 @@ SLOT_OF_ROW = [PADDING_SLOT, *range(17, 17 + 64)]  # request-pool row -> mamba s
 class Pool:
     """req_to_token_pool stand-in: row -> slot, identity virtual -> physical."""
 
+    def __init__(self):
+        self._slot_of_row = {}  # per device, made once (a replay copies nothing)
+
     def get_mamba_indices(self, rows):
-        return torch.tensor(SLOT_OF_ROW, dtype=torch.int32)[rows]
+        table = self._slot_of_row.get(rows.device)
+        if table is None:
+            table = torch.tensor(SLOT_OF_ROW, dtype=torch.int32).to(rows.device)
+            self._slot_of_row[rows.device] = table
+        return table[rows]
 
     def translate_mamba_indices(self, indices):
         return indices
 
 
-def mamba2_backend(chunk_size):
+def mamba2_backend(chunk_size, device="cpu"):
     # Mamba2AttnBackend.__init__ needs a model runner with a mamba pool.
     backend = Mamba2AttnBackend.__new__(Mamba2AttnBackend)
     backend.req_to_token_pool = Pool()
-    backend.device = torch.device("cpu")
+    backend.device = torch.device(device)
     backend.topk = 0
     backend._mamba_chunk_size = chunk_size
     backend.conv_states_shape = (2, len(SLOT_OF_ROW), 32, CONV_LEN)
@@ -100,7 +110,15 @@ def random_case(rng, chunks=(4, 8, 16, 64)):
     )  # fmt: skip
 
 
-def live_batch(case):
+def _on(batch, device):
+    """``batch`` with its tensors moved to ``device``."""
+    for name, value in vars(batch).items():
+        if isinstance(value, torch.Tensor):
+            setattr(batch, name, value.to(device))
+    return batch
+
+
+def live_batch(case, device="cpu"):
     """The scheduler's ForwardBatch for the real requests (fields read by
     Mamba2AttnBackend.init_forward_metadata)."""
     lens = torch.tensor(case.lens)
@@ -133,7 +151,7 @@ def live_batch(case):
     batch.mamba_track_aligned_lens = types.MethodType(
         ForwardBatch.mamba_track_aligned_lens, batch
     )
-    return batch
+    return _on(batch, device)
 
 
 def filled_tables(case, device="cpu"):
@@ -319,3 +337,65 @@ def track_mismatches(case, track):
     untracked = [r for r in range(case.slots) if r not in tracked]
     check("untracked dst", dst[untracked], [PADDING_SLOT] * len(untracked))
     return out
+
+
+# ---- the full prefill runner's batches, and the runtime a replay sees ----
+
+
+def capture_batch(case, track, device="cpu"):
+    """PrefillCudaGraphRunner.capture_prepare's batch for the bucket (the fields
+    the linear side reads): one request over the bucket, zero-length slots."""
+    R, T = case.slots, case.bucket
+    lens = torch.tensor([T] + [0] * (R - 1))
+    zeros = torch.zeros(R, dtype=torch.int64)
+    return _on(SimpleNamespace(
+        forward_mode=ForwardMode.EXTEND, logical_forward_mode=ForwardMode.EXTEND,
+        batch_size=R, input_ids=torch.zeros(T, dtype=torch.int64),
+        req_pool_indices=torch.arange(R), extend_seq_lens=lens,
+        extend_prefix_lens=zeros, extend_seq_lens_cpu=lens.tolist(),
+        spec_info=None,
+        mamba_track_mask=torch.zeros(R, dtype=torch.bool) if track else None,
+        mamba_track_indices=zeros if track else None,
+        mamba_track_seqlens=zeros if track else None,
+    ), device)  # fmt: skip
+
+
+def replay_view(case, live, device="cpu"):
+    """_prepare_forward_metadata_for_replay's padded view of the live batch."""
+    pad = [0] * (case.slots - len(case.lens))
+    view = SimpleNamespace(**vars(live))
+    view.batch_size = case.slots
+    view.input_ids = torch.zeros(case.bucket, dtype=torch.int64)
+    view.req_pool_indices = torch.tensor([*case.rows, *pad])
+    view.extend_seq_lens = torch.tensor([*case.lens, *pad])
+    view.extend_prefix_lens = torch.tensor([*case.prefix, *pad])
+    return _on(view, device)
+
+
+def graph_runtime(case):
+    """mock patches: MAMBA2_FULL_PREFILL_GRAPH on, and what a scheduler's
+    published runtime context answers (no GPU, no server) where the Mamba2
+    path and the capability model read it."""
+    return [
+        mock.patch.object(capability, "MAMBA2_FULL_PREFILL_GRAPH", True),
+        mock.patch.object(
+            upstream, "get_memory",
+            lambda: SimpleNamespace(enable_page_major_kv_layout=False),
+        ),
+        mock.patch.object(
+            capability, "get_memory",
+            lambda: SimpleNamespace(enable_page_major_kv_layout=False),
+        ),
+        mock.patch.object(capability, "get_schedule", lambda: SimpleNamespace(enable_mixed_chunk=False)),
+        mock.patch.object(capability, "get_spec", lambda: SimpleNamespace(speculative_algorithm=None)),
+        mock.patch.object(
+            capability, "get_exec",
+            lambda: SimpleNamespace(overlap=SimpleNamespace(enable_two_batch_overlap=False)),
+        ),
+        mock.patch.object(capability, "device_sm", lambda: 90),
+        mock.patch.object(ours, "mamba_cache_chunk_size", lambda: case.cache_chunk),
+        mock.patch(
+            "sglang.srt.model_executor.forward_batch_info.mamba_cache_chunk_size",
+            lambda: case.cache_chunk,
+        ),
+    ]  # fmt: skip

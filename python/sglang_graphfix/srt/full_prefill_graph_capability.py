@@ -21,6 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglang.srt.configs import (
+    FalconMambaConfig,
+    Lfm2Config,
+    Lfm2MoeConfig,
+    Lfm2VlConfig,
+    MambaConfig,
+    ZayaConfig,
+)
 from sglang.srt.configs.hybrid_arch import (
     hybrid_gdn_config,
     hybrid_kda_config,
@@ -46,13 +54,30 @@ from sglang.srt.layers.attention.linear.lightning_backend import (
     LightningAttentionBackend,
 )
 from sglang.srt.layers.attention.linear.short_conv_backend import ShortConvAttnBackend
-from sglang.srt.runtime_context import get_memory, get_platform
+from sglang.srt.runtime_context import (
+    get_exec,
+    get_memory,
+    get_platform,
+    get_schedule,
+    get_spec,
+)
 
 # KDA (Kimi-Linear, GLM-5.x Next) under a full prefill graph: the extend runs on
 # upstream's breakable-graph KDA tables (KDAPrefillGraphMetadata), wired in by
 # ..layers.attention.linear.kda_backend. THE switch for KDA: set it to False to
 # refuse a full prefill graph on KDA models again.
 KDA_FULL_PREFILL_GRAPH = True
+
+# Mamba2 (NemotronH, Falcon-H1, GraniteMoeHybrid, Mamba2) under a full prefill
+# graph: upstream's MambaMixer2 extend on static per-bucket metadata
+# (..layers.attention.mamba.mamba2_prefill_graph), wired in by
+# ..layers.attention.hybrid_linear_attn_backend. THE switch for Mamba2; off
+# until a GPU session has run docs/mamba2_full_prefill_graph.md's checks:
+# test/unit/srt/layers/attention/mamba/interpret_mamba2_prefill_graph.py and
+# interpret_mamba2_backend.py natively (TRITON_INTERPRET unset), a kernel-level
+# capture/replay test and a model-level graph-vs-eager run. While False the
+# family is refused as before; LFM2/ZAYA1 short-conv and Mamba-1 stay refused.
+MAMBA2_FULL_PREFILL_GRAPH = False
 
 
 @dataclass(frozen=True)
@@ -72,6 +97,10 @@ class Settings:
     mla: bool = False
     sm: int = 0  # compute capability as sglang's platform probe reports it; 0: unknown
     dllm: bool = False
+    mamba_mixer: str | None = None  # "mamba2", "mamba1", "short-conv"; None: unknown
+    mixed_chunk: bool = False  # --enable-mixed-chunk
+    speculative: bool = False  # --speculative-algorithm set
+    two_batch_overlap: bool = False  # --enable-two-batch-overlap
 
 
 @dataclass(frozen=True)
@@ -217,6 +246,101 @@ KDA_CONDITIONS = (
 )
 
 
+_MAMBA2_FAMILY = "Mamba2/short-conv"
+_MIXERS = {
+    "mamba1": "Mamba-1 mixer (MambaMixer1: Falcon-Mamba, Mamba)",
+    "short-conv": "short-conv layers (ShortConvAttnBackend: LFM2, ZAYA1)",
+}
+_PAGE_MAJOR = "--enable-page-major-kv-layout / --enable-unified-memory"
+
+
+def _mamba2_extend_captured(s: Settings) -> bool:
+    """The conditions below apply once the switch is on (while it is off the
+    family is refused as a whole, as before)."""
+    return MAMBA2_FULL_PREFILL_GRAPH
+
+
+def _mamba2_not_covered(what: str) -> str:
+    return (
+        f"{what}: the captured Mamba2 extend takes plain prefill batches only "
+        "(docs/mamba2_full_prefill_graph.md, 'Not designed yet')"
+    )
+
+
+MAMBA2_CONDITIONS = (
+    Condition(
+        setting="MAMBA2_FULL_PREFILL_GRAPH (sglang_graphfix.srt.full_prefill_graph_capability)",
+        violated=lambda s: not MAMBA2_FULL_PREFILL_GRAPH,
+        reason=lambda s: _NO_CAPTURABLE_EXTEND.format(family=_MAMBA2_FAMILY),
+    ),
+    Condition(
+        setting="Mamba2/short-conv (mixer)",
+        violated=lambda s: _mamba2_extend_captured(s) and s.mamba_mixer in _MIXERS,
+        reason=lambda s: (
+            f"the captured extend runs MambaMixer2 layers only; this model's "
+            f"{_MIXERS.get(s.mamba_mixer)} read host-side sequence lengths"
+        ),
+    ),
+    # --enable-mixed-chunk makes the runner replay the full graph on
+    # prefill+decode batches.
+    Condition(
+        setting="--enable-mixed-chunk",
+        violated=lambda s: _mamba2_extend_captured(s) and s.mixed_chunk,
+        reason=lambda s: _mamba2_not_covered(
+            "mixed prefill+decode batches (--enable-mixed-chunk)"
+        ),
+        fix=lambda s: "drop --enable-mixed-chunk",
+    ),
+    Condition(
+        setting="--speculative-algorithm",
+        violated=lambda s: _mamba2_extend_captured(s) and s.speculative,
+        reason=lambda s: _mamba2_not_covered(
+            "speculative decoding (draft extend, target verify)"
+        ),
+    ),
+    Condition(
+        setting="--enable-two-batch-overlap",
+        violated=lambda s: _mamba2_extend_captured(s) and s.two_batch_overlap,
+        reason=lambda s: _mamba2_not_covered(
+            "two-batch overlap (split batches size their metadata on the host)"
+        ),
+        fix=lambda s: "drop --enable-two-batch-overlap",
+    ),
+    Condition(
+        setting=_PAGE_MAJOR,
+        violated=lambda s: _mamba2_extend_captured(s) and s.page_major_kv_layout,
+        reason=lambda s: (
+            "the page-major KV layout (--enable-page-major-kv-layout, implied by "
+            "--enable-unified-memory) strides the Mamba2 state pools, which the "
+            "captured extend has not been checked on"
+        ),
+    ),
+)
+
+
+def mamba_mixer_of_config(model_config) -> str | None:
+    """The Mamba layers sglang builds for a Mamba2-family config (the split of
+    attention_registry.attn_backend_wrapper and the models' mixers)."""
+    config = mamba2_config(model_config)
+    if config is None:
+        return None
+    if isinstance(config, (ZayaConfig, Lfm2Config, Lfm2MoeConfig, Lfm2VlConfig)):
+        return "short-conv"
+    if isinstance(config, (MambaConfig, FalconMambaConfig)):
+        return "mamba1"
+    return "mamba2"
+
+
+def _mamba_mixer_of_backend(linear) -> str | None:
+    if isinstance(linear, ShortConvAttnBackend):
+        return "short-conv"
+    if not isinstance(linear, Mamba2AttnBackend):
+        return None
+    model_runner = getattr(linear, "_model_runner", None)
+    model_config = getattr(model_runner, "model_config", None)
+    return mamba_mixer_of_config(model_config) if model_config else "mamba2"
+
+
 def _is_inkling(model_config) -> bool:
     return isinstance(model_config.hf_config, (InklingModelConfig, InklingMMConfig))
 
@@ -231,13 +355,16 @@ def _registry_defined(model_config) -> bool:
 #            FlashInfer's GDN prefill, FLASHINFER_GDN_CAPTURE_SM);
 #   KDA      upstream's breakable-graph tables, Triton kernels only;
 #   Inkling  upstream records its short-conv metadata inside the graph
-#            (InklingShortConvAttnBackend.init_forward_metadata_in_graph).
-# Mamba2/short-conv (NemotronH, Falcon-H1, GraniteMoeHybrid, LFM2), Lightning and
-# registry-defined backends size their extend launches from host data.
+#            (InklingShortConvAttnBackend.init_forward_metadata_in_graph);
+#   Mamba2/short-conv  upstream's MambaMixer2 extend on static per-bucket
+#            metadata, behind MAMBA2_FULL_PREFILL_GRAPH (off: refused as a
+#            whole); short-conv (LFM2, ZAYA1) and Mamba-1 stay refused.
+# Lightning and registry-defined backends size their extend launches from host
+# data.
 LINEAR_FAMILIES = (
     LinearFamily("Inkling short-conv", _is_inkling, (InklingShortConvAttnBackend,), True),
     LinearFamily("GDN", lambda m: hybrid_gdn_config(m) is not None, (GDNAttnBackend,), True, GDN_CONDITIONS),
-    LinearFamily("Mamba2/short-conv", lambda m: mamba2_config(m) is not None, (Mamba2AttnBackend, ShortConvAttnBackend), False),
+    LinearFamily(_MAMBA2_FAMILY, lambda m: mamba2_config(m) is not None, (Mamba2AttnBackend, ShortConvAttnBackend), True, MAMBA2_CONDITIONS),
     LinearFamily("KDA", lambda m: hybrid_kda_config(m) is not None, (KDAAttnBackend,), True, KDA_CONDITIONS),
     LinearFamily("Lightning", lambda m: hybrid_lightning_config(m) is not None, (LightningAttentionBackend,), False),
     LinearFamily("registry-defined", _registry_defined, (), False),
@@ -504,6 +631,16 @@ def settings_from_server_args(server_args: Any) -> tuple[Settings, str | None]:
         mla=use_mla_backend(server_args),
         sm=device_sm(),
         dllm=cfg.dllm_algorithm is not None,
+        **(
+            dict(
+                mamba_mixer=mamba_mixer_of_config(model_config),
+                mixed_chunk=bool(cfg.enable_mixed_chunk),
+                speculative=cfg.speculative_algorithm is not None,
+                two_batch_overlap=bool(cfg.enable_two_batch_overlap),
+            )
+            if family is not None and family.name == _MAMBA2_FAMILY
+            else {}
+        ),
     )
     return settings, family_label(model_config)
 
@@ -549,6 +686,22 @@ def settings_from_linear_backend(linear, prefill_runner=None) -> Settings:
         mla=bool(getattr(model_runner, "use_mla_backend", False)),
         sm=device_sm(),
         dllm=getattr(prefill_runner, "dllm_attention", None) is not None,
+        **(
+            _mamba2_runtime_facts(linear)
+            if family.name == _MAMBA2_FAMILY and MAMBA2_FULL_PREFILL_GRAPH
+            else {}
+        ),
+    )
+
+
+def _mamba2_runtime_facts(linear) -> dict:
+    """The Mamba2 conditions' facts from the published runtime context (read
+    only with the switch on: off, the family is refused whatever they are)."""
+    return dict(
+        mamba_mixer=_mamba_mixer_of_backend(linear),
+        mixed_chunk=bool(get_schedule().enable_mixed_chunk),
+        speculative=get_spec().speculative_algorithm is not None,
+        two_batch_overlap=bool(get_exec().overlap.enable_two_batch_overlap),
     )
 
 

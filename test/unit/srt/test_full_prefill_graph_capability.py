@@ -39,12 +39,14 @@ from sglang_graphfix.srt import full_prefill_graph_capability as capability
 OURS = "sglang_graphfix.srt.arg_groups.cuda_graph_hook"
 GDN_PAGE_MAJOR = "--enable-page-major-kv-layout / --enable-unified-memory"
 KDA_SWITCH = capability.KDA_CONDITIONS[0].setting
+MAMBA2_SWITCH = capability.MAMBA2_CONDITIONS[0].setting
+MAMBA2_MIXER = "Mamba2/short-conv (mixer)"
 
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("configs")
-    families = ("qwen3_next", "kimi_linear", "nemotron_h", "lfm2", "llama")
+    families = ("qwen3_next", "kimi_linear", "nemotron_h", "falcon_h1", "lfm2", "llama")
     return {family: write_config(family, root / family) for family in families}
 
 
@@ -61,16 +63,35 @@ CASES = {
     "--linear-attn-verify-backend": ("kimi_linear", {"speculative_algorithm": "NGRAM", "disable_radix_cache": True, "linear_attn_verify_backend": "flashinfer"}, {}, True, "h200"),
     "--attention-backend": ("qwen3_next", {"attention_backend": "triton"}, {}, True, "h200"),
     "--attention-backend (GPU architecture)": ("kimi_linear", {"attention_backend": "fa3"}, {}, True, "a100"),
-    "Mamba2/short-conv": ("nemotron_h", {}, {}, True, "h200"),
+    MAMBA2_SWITCH: ("nemotron_h", {}, {}, True, "h200"),
+    # The rest of the Mamba2 family's conditions, with MAMBA2_FULL_PREFILL_GRAPH on.
+    MAMBA2_MIXER: ("lfm2", {}, {}, True, "h200"),
+    "--enable-mixed-chunk": ("nemotron_h", {"enable_mixed_chunk": True}, {}, True, "h200"),
+    "--speculative-algorithm": ("nemotron_h", {"speculative_algorithm": "NGRAM"}, {}, True, "h200"),
+    "--enable-two-batch-overlap": ("nemotron_h", {"enable_two_batch_overlap": True}, {}, True, "h200"),
 }  # fmt: skip
-# The same family through its short-conv backend (LFM2: ShortConvAttnBackend).
-EXTRA_CASES = {"Mamba2/short-conv (LFM2)": ("lfm2", {}, {}, True, "h200")}
+EXTRA_CASES = {
+    # The switch off, through the family's short-conv backend (LFM2: ShortConvAttnBackend).
+    f"{MAMBA2_SWITCH} (LFM2)": ("lfm2", {}, {}, True, "h200"),
+    f"{GDN_PAGE_MAJOR} (Mamba2)": ("nemotron_h", {"enable_unified_memory": True}, {}, True, "h200"),
+}  # fmt: skip
+# The cases judged with MAMBA2_FULL_PREFILL_GRAPH on.
+MAMBA2_ON = {
+    MAMBA2_MIXER,
+    "--enable-mixed-chunk",
+    "--speculative-algorithm",
+    "--enable-two-batch-overlap",
+    f"{GDN_PAGE_MAJOR} (Mamba2)",
+}
 # Refusals without a tiny config to resolve: the family-level refusal is the
-# code path the Mamba2/short-conv cases take.
+# code path the Mamba2/short-conv cases took before MAMBA2_FULL_PREFILL_GRAPH.
 NO_SAMPLE = {"Lightning", "registry-defined"}
 # Upstream's handle_multi_item_scoring turns every CUDA graph off under
 # --enable-mis, explicit ones included: the capture is never reached.
 UPSTREAM_TURNS_OFF = {"--enable-mis"}
+# Upstream's breakable rules turn the breakable prefill graph off for these: a
+# downgraded model default ends disabled.
+UPSTREAM_BREAKABLE_OFF = {"--enable-two-batch-overlap"}
 # The two linear kernels the same Condition covers for GDN and for KDA.
 KDA_KERNEL_CASE = ("kimi_linear", {"linear_attn_prefill_backend": "flashinfer"}, {}, True, "h200")  # fmt: skip
 ALL_CASES = {
@@ -81,16 +102,18 @@ ALL_CASES = {
 
 
 def _setting(case_id):
-    return case_id.split(" (")[0] if case_id.endswith(("(LFM2)", "(KDA)")) else case_id
+    suffixes = ("(LFM2)", "(KDA)", "(Mamba2)")
+    return case_id.rsplit(" (", 1)[0] if case_id.endswith(suffixes) else case_id
 
 
 @contextlib.contextmanager
-def case_env(monkeypatch, case):
+def case_env(monkeypatch, case, case_id=None):
     _, _, env, kda_switch, _ = case
     with monkeypatch.context() as m:
         for name, value in env.items():
             m.setenv(name, value)
         m.setattr(capability, "KDA_FULL_PREFILL_GRAPH", kda_switch)
+        m.setattr(capability, "MAMBA2_FULL_PREFILL_GRAPH", case_id in MAMBA2_ON)
         yield
 
 
@@ -115,7 +138,7 @@ def expected_support(case_id):
 @pytest.mark.parametrize("case_id", sorted(ALL_CASES))
 def test_explicit_full_is_refused_at_config_time(model_dirs, monkeypatch, case_id):
     case = ALL_CASES[case_id]
-    with case_env(monkeypatch, case):
+    with case_env(monkeypatch, case, case_id):
         if case_id in UPSTREAM_TURNS_OFF:
             assert prefill_backend(resolve(model_dirs, case)) == Backend.DISABLED
             return
@@ -133,8 +156,17 @@ def test_explicit_full_is_refused_at_config_time(model_dirs, monkeypatch, case_i
         assert "set --linear-attn-verify-backend triton" in message
     if case_id == GDN_PAGE_MAJOR:
         assert "page-major KV layout" in message
-    if case_id == KDA_SWITCH or case_id.startswith("Mamba2"):
+    if case_id == KDA_SWITCH or case_id.startswith(MAMBA2_SWITCH):
         assert "has no capturable extend" in message
+    if case_id == MAMBA2_MIXER:
+        assert "runs MambaMixer2 layers only" in message
+        assert "short-conv layers (ShortConvAttnBackend: LFM2, ZAYA1)" in message
+    if case_id == "--enable-mixed-chunk":
+        assert "drop --enable-mixed-chunk" in message
+    if case_id == "--enable-two-batch-overlap":
+        assert "drop --enable-two-batch-overlap" in message
+    if case_id in MAMBA2_ON - {MAMBA2_MIXER}:
+        assert "Mamba2" in message
 
 
 @pytest.mark.parametrize("case_id", sorted(ALL_CASES))
@@ -142,15 +174,15 @@ def test_model_default_full_is_downgraded_with_one_warning(
     model_dirs, monkeypatch, caplog, case_id
 ):
     case = ALL_CASES[case_id]
-    with case_env(monkeypatch, case), caplog.at_level(logging.WARNING):
+    with case_env(monkeypatch, case, case_id), caplog.at_level(logging.WARNING):
         args = resolve(model_dirs, case, model_default_full=True)
     ours = [r.getMessage() for r in caplog.records if r.name == OURS]
     if case_id in UPSTREAM_TURNS_OFF:
         assert prefill_backend(args) == Backend.DISABLED and not ours
         return
     # sglang's own breakable rules keep KDA models off the breakable graph
-    kda = case[0] == "kimi_linear"
-    assert prefill_backend(args) == (Backend.DISABLED if kda else Backend.BREAKABLE)
+    off = case[0] == "kimi_linear" or case_id in UPSTREAM_BREAKABLE_OFF
+    assert prefill_backend(args) == (Backend.DISABLED if off else Backend.BREAKABLE)
     assert len(ours) == 1, ours
     assert "test_model_default" in ours[0] and "cannot be captured here" in ours[0]
 
@@ -219,7 +251,7 @@ def test_config_time_refuses_every_config_capture_time_would(
     and the capture-time check on the live backends refuses it, naming the same
     condition that config time refuses it for (the test above)."""
     case = ALL_CASES[case_id]
-    with case_env(monkeypatch, case), upstream_resolution(monkeypatch):
+    with case_env(monkeypatch, case, case_id), upstream_resolution(monkeypatch):
         args = resolve(model_dirs, case)
         if case_id in UPSTREAM_TURNS_OFF:
             assert prefill_backend(args) == Backend.DISABLED  # never captured
@@ -236,7 +268,7 @@ def test_config_time_refuses_every_config_capture_time_would(
                     capability.require_capturable_full_prefill_graph(
                         linear, prefill_runner()
                     )
-    assert _setting(case_id).split(" (LFM2)")[0] in support.violated
+    assert _setting(case_id) in support.violated
 
 
 # ---- advice that works on the GPU chosen ----
@@ -297,3 +329,48 @@ def test_the_model_reads_the_gpu_from_sglangs_platform_probes(model_dirs):
             "fa3",
             "fa4",
         )
+
+
+# ---- Mamba2 with MAMBA2_FULL_PREFILL_GRAPH on ----
+
+
+@pytest.mark.parametrize("family", ["nemotron_h", "falcon_h1"])
+def test_mamba2_captures_with_the_switch_on_and_is_refused_with_it_off(
+    model_dirs, monkeypatch, family
+):
+    """A plain Mamba2 hybrid (NemotronH, Falcon-H1) with the resolved defaults:
+    with the switch on, the explicit full prefill graph stays full at config
+    time and the capture-time check passes on the live Mamba2 backend; with it
+    off (as shipped) it is refused as before."""
+    case = (family, {}, {}, True, "h200")
+    with pytest.raises(ValueError, match="Mamba2/short-conv linear attention has no"):
+        resolve(model_dirs, case)
+    monkeypatch.setattr(capability, "MAMBA2_FULL_PREFILL_GRAPH", True)
+    args = resolve(model_dirs, case)
+    assert prefill_backend(args) == Backend.FULL
+    with simulated_gpu("h200"):
+        context = create_context(args, role="scheduler")
+        with use_context(context):
+            linear = live_linear_backend(family)
+            assert isinstance(linear, Mamba2AttnBackend)
+            capability.require_capturable_full_prefill_graph(linear, prefill_runner())
+            monkeypatch.setattr(capability, "MAMBA2_FULL_PREFILL_GRAPH", False)
+            with pytest.raises(
+                ValueError, match="MAMBA2_FULL_PREFILL_GRAPH|no capturable"
+            ):
+                capability.require_capturable_full_prefill_graph(
+                    linear, prefill_runner()
+                )
+
+
+def test_mamba1_mixer_is_refused_with_the_switch_on(monkeypatch):
+    """Falcon-Mamba (Mamba-1 layers) rides the Mamba2 backend; its mixer reads
+    host lengths, so the family's switch does not cover it."""
+    monkeypatch.setattr(capability, "MAMBA2_FULL_PREFILL_GRAPH", True)
+    settings = capability.Settings(
+        architecture="FalconMambaForCausalLM", family="Mamba2/short-conv",
+        mamba_mixer="mamba1",
+    )  # fmt: skip
+    support = capability.judge(settings)
+    assert MAMBA2_MIXER in support.violated
+    assert "Mamba-1 mixer (MambaMixer1: Falcon-Mamba, Mamba)" in support.reasons[0]

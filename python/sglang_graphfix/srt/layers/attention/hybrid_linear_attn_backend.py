@@ -6,57 +6,136 @@ runner plans a plain EXTEND out of graph through init_forward_metadata_out_graph
 which the linear side answers with _replay_metadata. That path only knows decode
 and verify, and indexes per-batch-size buffers that only the decode runner
 allocates (init_cuda_graph_state), so the first prefill capture fails with
-``IndexError: list index out of range``.
+``IndexError: list index out of range``. The Mamba2 extend (behind
+MAMBA2_FULL_PREFILL_GRAPH) runs upstream's MambaMixer2 on per-bucket static
+metadata planned here, with its prefix-cache snapshot copies made fixed-shape.
 """
 
 from __future__ import annotations
 
 import inspect
 
+import torch
+
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
     HybridLinearAttnBackend,
+    Mamba2AttnBackend,
 )
 from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
 from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang_graphfix.srt import full_prefill_graph_capability as capability
 from sglang_graphfix.srt.layers.attention.linear.gdn_backend import (
     prepare_full_prefill_graph_tables,
 )
 from sglang_graphfix.srt.layers.attention.linear.kda_backend import (
     prepare_kda_full_prefill_graph_tables,
 )
+from sglang_graphfix.srt.layers.attention.mamba.mamba2_prefill_graph import (
+    TRACK_FINAL_STATE,
+    TRACK_GRID_STATE,
+    Mamba2FullGraphMetadata,
+    full_prefill_graph_metadata,
+)
 
 
 # What:    Wraps HybridLinearAttnBackend.init_forward_metadata_out_graph for a
-#          plain EXTEND on a GDN or KDA model (the full prefill graph's
-#          capture/replay).
+#          plain EXTEND on a GDN or KDA model, or a Mamba2 model under
+#          MAMBA2_FULL_PREFILL_GRAPH (the full prefill graph's capture/replay).
 # Why:     The linear side's _replay_metadata handles decode/verify only and
 #          reads state_indices_list[bs - 1], which nothing has allocated when the
 #          prefill graph captures (before the decode runner):
 #          "IndexError: list index out of range".
 # How:     Plan the full-attention side as before; give the linear side its own
 #          per-token-bucket tables (GDN: prepare_full_prefill_graph_tables; KDA:
-#          upstream's breakable-graph tables, prepare_kda_full_prefill_graph_tables).
-#          Decode's per-batch-size buffers stay decode's. Every other mode and
-#          backend, including Inkling's capturable sidecar, takes the upstream path.
+#          upstream's breakable-graph tables, prepare_kda_full_prefill_graph_tables;
+#          Mamba2: prepare_mamba2_full_prefill_graph_metadata, the forward
+#          metadata upstream's MambaMixer2 extend runs on). Decode's
+#          per-batch-size buffers stay decode's. Every other mode and backend,
+#          including Inkling's capturable sidecar, takes the upstream path.
 # Upstream: sglang/srt/layers/attention/hybrid_linear_attn_backend.py::HybridLinearAttnBackend.init_forward_metadata_out_graph
 # Removal: once upstream plans linear-attention extend for full prefill graphs.
 def linear_extend_tables_for_full_prefill_graph(
     original, self, forward_batch: ForwardBatch, in_capture: bool = False
 ):
     linear = self.linear_attn_backend
+    mamba2 = (
+        isinstance(linear, Mamba2AttnBackend) and capability.MAMBA2_FULL_PREFILL_GRAPH
+    )
     if not (
-        isinstance(linear, (GDNAttnBackend, KDAAttnBackend))
+        (mamba2 or isinstance(linear, (GDNAttnBackend, KDAAttnBackend)))
         and HybridLinearAttnBackend._is_plain_extend(forward_batch)
     ):
         return original(self, forward_batch, in_capture=in_capture)
     _plan_full_attention_extend(self.full_attn_backend, forward_batch, in_capture)
-    if isinstance(linear, KDAAttnBackend):
+    if mamba2:
+        prepare_mamba2_full_prefill_graph_metadata(
+            linear, forward_batch, in_capture=in_capture
+        )
+    elif isinstance(linear, KDAAttnBackend):
         prepare_kda_full_prefill_graph_tables(
             linear, forward_batch, in_capture=in_capture
         )
     else:
         prepare_full_prefill_graph_tables(linear, forward_batch, in_capture=in_capture)
+
+
+def prepare_mamba2_full_prefill_graph_metadata(
+    backend, forward_batch: ForwardBatch, *, in_capture: bool
+) -> Mamba2FullGraphMetadata:
+    """The bucket's Mamba2FullGraphMetadata, refilled and set as the backend's
+    forward metadata (Mamba2AttnBackend.forward hands it to MambaMixer2); the
+    capability model asserts first at capture."""
+    if in_capture:
+        capability.require_capturable_full_prefill_graph(backend)
+    return full_prefill_graph_metadata(backend, forward_batch, in_capture=in_capture)
+
+
+# What:    Wraps MambaAttnBackendBase._track_mamba_state_extend: on a Mamba2
+#          full prefill graph's metadata, snapshot every request slot's SSM state
+#          with one fixed-shape select and one scatter.
+# Why:     Upstream copies through index lists whose lengths are the batch's
+#          tracked rows per kind (track_ssm_h_src / _recompute_dst / _final_src,
+#          built on the host, guarded by .numel() > 0), which a graph captured
+#          for every batch of the bucket cannot hold.
+# How:     Per request slot (Mamba2PrefillTrackTables.mode): the post-extend
+#          state (mode final), the chunk-grid state h[h_src] (grid) or the
+#          recomputed state (recompute, the SSD's row for that slot), written to
+#          its track slot; untracked slots write the reserved padding slot 0.
+#          Any other metadata takes the upstream path.
+# Upstream: sglang/srt/layers/attention/hybrid_linear_attn_backend.py::MambaAttnBackendBase._track_mamba_state_extend
+# Removal: once upstream captures the Mamba2 extend in a full prefill graph.
+def snapshot_mamba2_states_on_graph_tables(
+    original, self, forward_batch, h, ssm_states, forward_metadata, *args, **kwargs
+):
+    if not isinstance(forward_metadata, Mamba2FullGraphMetadata):
+        return original(
+            self, forward_batch, h, ssm_states, forward_metadata, *args, **kwargs
+        )
+    track = forward_metadata.track
+    if track is None:
+        raise RuntimeError(
+            "Mamba2 full prefill graph: a prefix-cache track batch on a bucket "
+            "captured without track tables"
+        )
+    track_states = kwargs.get("track_states", args[0] if args else None)
+    R = track.max_requests
+    slots = forward_metadata.tables.cache_indices[:R].to(torch.int64)
+
+    def rows(mode):
+        return (track.mode == mode)[:, None, None, None]
+
+    dtype = ssm_states.dtype
+    snapshot = torch.where(
+        rows(TRACK_FINAL_STATE),
+        ssm_states[slots],
+        torch.where(
+            rows(TRACK_GRID_STATE),
+            h[0, track.h_src].to(dtype),
+            track_states[0].to(dtype),
+        ),
+    )
+    ssm_states[track.dst] = snapshot
 
 
 def _plan_full_attention_extend(full_attn_backend, forward_batch, in_capture):

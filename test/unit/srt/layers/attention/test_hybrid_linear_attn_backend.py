@@ -3,12 +3,27 @@ the metadata call the full prefill runner makes before capture and before every
 replay, the linear backends' CUDA-graph state (allocated once, guarded on
 replay), and the wrapper's chunked-prefix capability."""
 
+import contextlib
+import random
 from types import SimpleNamespace
 
 import pytest
 import torch
 from gdn_stub import BUCKET, capture_view, make_gdn
 from kda_stub import make_kda, with_graph_lists
+from mamba2_prefill_graph_cases import (
+    SLOT_OF_ROW,
+    capture_batch,
+    graph_runtime,
+    mamba2_backend,
+    mismatches,
+    random_case,
+    replay_view,
+    track_mismatches,
+)
+from mamba2_prefill_graph_cases import eager_metadata as mamba2_eager_metadata
+from mamba2_prefill_graph_cases import live_batch as mamba2_live_batch
+from mamba2_prefill_graph_cases import make_case as make_mamba2_case
 
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.layers.attention.flashinfer_mla_backend import (
@@ -21,6 +36,13 @@ from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
 )
 from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang_graphfix.srt import full_prefill_graph_capability as capability
+from sglang_graphfix.srt.layers.attention.mamba.mamba2_prefill_graph import (
+    TRACK_FINAL_STATE,
+    TRACK_GRID_STATE,
+    TRACK_RECOMPUTE_STATE,
+    Mamba2FullGraphMetadata,
+)
 
 
 class _Recorder:
@@ -255,3 +277,138 @@ def test_subclass_with_its_own_flag_is_left_alone(monkeypatch):
     hybrid = _constructed(OwnFlag, _ChunkedPrefixAttn(), monkeypatch)
     assert hybrid.supports_full_cuda_graph_chunked_prefix == "own"
     assert "prepare_full_cuda_graph_chunked_prefix" not in vars(hybrid)
+
+
+# --- Mamba2 under MAMBA2_FULL_PREFILL_GRAPH ----------------------------------
+# The kernels run in test/unit/srt/layers/attention/mamba/test_mamba2_prefill_graph.py
+# (Triton's interpreter, in a fresh process); here the metadata and the snapshot
+# copies, in process.
+
+
+@contextlib.contextmanager
+def _mamba2_graph_runtime(case):
+    with contextlib.ExitStack() as stack:
+        for patch in graph_runtime(case):
+            stack.enter_context(patch)
+        yield
+
+
+def _mamba2_captured_and_replayed(case, track):
+    backend = mamba2_backend(case.chunk)
+    hybrid = _hybrid(backend)
+    hybrid.init_forward_metadata_out_graph(capture_batch(case, track), in_capture=True)
+    captured = backend.forward_metadata
+    backend.forward_metadata = None  # eager forwards in between replace it
+    hybrid.init_forward_metadata_out_graph(
+        replay_view(case, mamba2_live_batch(case)), in_capture=False
+    )
+    assert hybrid.full_attn_backend.calls == [
+        (ForwardMode.EXTEND, True),
+        (ForwardMode.EXTEND, False),
+    ]
+    return backend, captured
+
+
+def test_mamba2_switch_ships_off():
+    assert capability.MAMBA2_FULL_PREFILL_GRAPH is False
+
+
+def test_plain_extend_on_mamba2_runs_on_the_buckets_static_metadata():
+    """Switch on: the runner's capture and replay calls give the Mamba2 backend
+    one Mamba2FullGraphMetadata per bucket (the same object, refilled), which
+    describes the replayed batch as sglang's eager Mamba2Metadata does (tables
+    and snapshot plan checked against upstream's own builders) and has the
+    fixed shapes MambaMixer2.forward launches over: R + 1 sequences, the whole
+    bucket, no decodes, always initial states."""
+    rng = random.Random(7)
+    cases = [random_case(rng) for _ in range(40)]
+    assert any(c.tracked for c in cases) and any(not c.tracked for c in cases)
+    for case in cases:
+        with _mamba2_graph_runtime(case):
+            backend, meta = _mamba2_captured_and_replayed(case, bool(case.tracked))
+        assert backend.forward_metadata is meta
+        assert meta is backend.mamba2_full_prefill_graph_metadata[case.bucket]
+        assert isinstance(meta, Mamba2FullGraphMetadata)
+        assert not mismatches(case, meta.tables), vars(case)
+        R, T = case.slots, case.bucket
+        assert (meta.num_prefills, meta.num_prefill_tokens, meta.num_decodes) == (
+            R + 1,
+            T,
+            0,
+        )
+        mixed = meta.mixed_metadata
+        assert mixed.prep_initial_states and mixed.extend_seq_lens_cpu == [T] * (R + 1)
+        assert meta.query_start_loc is meta.tables.query_start_loc
+        assert meta.mamba_cache_indices is meta.tables.cache_indices
+        if case.tracked:
+            assert not track_mismatches(case, meta.track), vars(case)
+            assert meta.has_mamba_track_mask
+            assert meta.track_conv_indices is meta.track.conv_window
+            assert meta.conv_states_mask_indices is meta.track.dst
+            assert meta.track_ssm_seq_idx.tolist() == list(range(R))
+        else:
+            assert meta.track is None and not meta.has_mamba_track_mask
+
+
+def test_mamba2_replay_without_its_capture_fails_clearly():
+    case = make_mamba2_case(4)
+    with _mamba2_graph_runtime(case):
+        backend = mamba2_backend(case.chunk)
+        with pytest.raises(RuntimeError, match="no metadata was captured"):
+            _hybrid(backend).init_forward_metadata_out_graph(
+                replay_view(case, mamba2_live_batch(case)), in_capture=False
+            )
+        _hybrid(backend).init_forward_metadata_out_graph(
+            capture_batch(case, track=False), in_capture=True
+        )
+        with pytest.raises(RuntimeError, match="captured without track copies"):
+            _hybrid(backend).init_forward_metadata_out_graph(
+                replay_view(case, mamba2_live_batch(case)), in_capture=False
+            )
+
+
+def _snapshot_inputs(case, seed):
+    gen = torch.Generator().manual_seed(seed)
+    chunks = -(-case.bucket // case.chunk)
+    h = torch.randn(1, chunks, 2, 4, 4, generator=gen)
+    track_states = torch.randn(1, case.slots, 2, 4, 4, generator=gen)
+    ssm = torch.randn(len(SLOT_OF_ROW) + 128, 2, 4, 4, generator=gen)
+    return h, track_states, ssm
+
+
+def test_mamba2_snapshots_on_graph_tables_equal_upstreams_track_copies():
+    """Through Mamba2AttnBackend.forward (a layer whose MambaMixer2.forward
+    returns given chunk states and per-slot recomputed states): the snapshot
+    copies on the graph metadata write every track slot as upstream's
+    _track_mamba_state_extend does on the eager metadata of the same batch
+    (the recomputed states of its recompute rows), and nothing else but the
+    padding slot 0."""
+    rng = random.Random(11)
+    cases = [c for c in (random_case(rng) for _ in range(120)) if c.tracked]
+    modes = set()
+    for i, case in enumerate(cases):
+        with _mamba2_graph_runtime(case):
+            backend, meta = _mamba2_captured_and_replayed(case, track=True)
+            h, track_states, ssm = _snapshot_inputs(case, i)
+            eager_meta = mamba2_eager_metadata(case)
+            eager = ssm.clone()
+            if eager_meta.has_mamba_track_mask:
+                rows = eager_meta.track_ssm_seq_idx
+                backend._track_mamba_state_extend(
+                    mamba2_live_batch(case), h, eager, eager_meta,
+                    track_states=track_states[:, rows] if rows is not None else None,
+                )  # fmt: skip
+            graph = ssm.clone()
+            layer = SimpleNamespace(
+                forward=lambda **kw: (kw["hidden_states"], h, track_states)
+            )
+            backend.req_to_token_pool.mamba2_layer_cache = lambda layer_id: (
+                SimpleNamespace(conv=[None], temporal=graph)
+            )
+            backend.forward(
+                layer, torch.zeros(case.bucket, 4), None, layer_id=0,
+                forward_batch=capture_batch(case, track=True),
+            )  # fmt: skip
+        modes.update(meta.track.mode.tolist())
+        assert torch.equal(graph[1:], eager[1:]), vars(case)
+    assert {TRACK_FINAL_STATE, TRACK_GRID_STATE, TRACK_RECOMPUTE_STATE} <= modes

@@ -1,8 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Static per-bucket Mamba2 extend metadata for a full prefill CUDA graph.
 
-Groundwork for sglang/srt/layers/attention/mamba/mamba2_metadata.py (issue 16;
-docs/mamba2_full_prefill_graph.md). Nothing patches sglang with it yet.
+Extends sglang/srt/layers/attention/mamba/mamba2_metadata.py (issue 16;
+docs/mamba2_full_prefill_graph.md): ``full_prefill_graph_metadata`` gives a
+Mamba2 backend one ``Mamba2FullGraphMetadata`` per captured token bucket, on
+which upstream's own MambaMixer2 extend runs inside a full prefill graph (wired
+in by ..hybrid_linear_attn_backend, behind MAMBA2_FULL_PREFILL_GRAPH).
 
 ``Mamba2Metadata.prepare_mixed`` derives the SSD chunk metadata on the host: the
 request and token counts from ``extend_seq_lens_cpu``, ``prep_initial_states``
@@ -58,6 +61,8 @@ from sglang.kernels.ops.mamba.kda_prefill_track import (
     TRACK_FINAL_STATE,
     TRACK_NONE,
 )
+from sglang.srt.layers.attention.mamba.mamba2_metadata import Mamba2Metadata
+from sglang.srt.runtime_context import mamba_cache_chunk_size
 
 # The mamba pools reserve slot 0 for padding (the runner's padded request rows
 # carry request-pool row 0, which maps to it): the tail sequence writes there.
@@ -280,3 +285,142 @@ class Mamba2PrefillTrackTables:
         window = first[:, None] + torch.arange(self.conv_len, device=device)
         last = tables.num_logical_tokens.to(torch.int64) - 1
         self.conv_window.copy_(torch.minimum(window.clamp(min=0), last))
+
+
+@dataclass(kw_only=True)
+class Mamba2FullGraphMetadata(Mamba2Metadata):
+    """Mamba2Metadata of one captured token bucket, on its static tables.
+
+    What MambaMixer2.forward reads, laid out so that its extend branch launches
+    over the whole bucket with shapes fixed by it: ``num_prefills`` R + 1
+    sequences (the request slots and the tail), ``num_prefill_tokens`` T, no
+    decodes, always with initial states and the chunk tables; the conv's
+    ``extend_seq_lens_cpu`` is its launch bound, not the batch's lengths (R + 1
+    sequences of up to T tokens: the conv kernel skips blocks past a sequence's
+    end, which it reads from ``query_start_loc`` on the device). With the
+    prefix-cache track on, every request slot is a snapshot row: the conv
+    window scatter (``track_conv_indices`` [R, conv_len] into
+    ``conv_states_mask_indices``, the padding slot when untracked) and the SSD's
+    recompute rows (``track_ssm_seq_idx`` = every slot); the SSM snapshot copy
+    is hybrid_linear_attn_backend.snapshot_mamba2_states_on_graph_tables."""
+
+    tables: Mamba2PrefillGraphTables
+    track: Mamba2PrefillTrackTables | None = None
+
+    @classmethod
+    def on_tables(
+        cls,
+        tables: Mamba2PrefillGraphTables,
+        track: Mamba2PrefillTrackTables | None,
+    ) -> Mamba2FullGraphMetadata:
+        R, T = tables.max_requests, tables.num_tokens
+        device = tables.seq_idx.device
+        return cls(
+            query_start_loc=tables.query_start_loc,
+            mamba_cache_indices=tables.cache_indices,
+            num_prefills=R + 1,
+            num_prefill_tokens=T,
+            num_decodes=0,
+            has_mamba_track_mask=track is not None,
+            track_conv_indices=track.conv_window if track is not None else None,
+            conv_states_mask_indices=track.dst if track is not None else None,
+            track_ssm_seq_idx=(
+                torch.arange(R, device=device) if track is not None else None
+            ),
+            track_ssm_end_locs=track.end_loc if track is not None else None,
+            mixed_metadata=Mamba2Metadata.MixedMetadata(
+                has_initial_states=tables.has_initial_states,
+                prep_initial_states=True,
+                chunk_size=tables.chunk_size,
+                seq_idx=tables.seq_idx,
+                chunk_indices=tables.chunk_indices,
+                chunk_offsets=tables.chunk_offsets,
+                extend_seq_lens_cpu=[T] * (R + 1),
+            ),
+            tables=tables,
+            track=track,
+        )
+
+
+def full_prefill_graph_metadata(
+    backend, forward_batch, *, in_capture: bool
+) -> Mamba2FullGraphMetadata:
+    """Allocate (capture) or look up (replay) the bucket's metadata on the
+    Mamba2 backend and refill its tables from ``forward_batch``, the full
+    prefill runner's slot-padded view of the batch (R request slots, zero
+    lengths on pool row 0 past the batch). The track tables exist when the
+    capture batch carries a track mask (the mamba extra buffer with the radix
+    cache): any replay of the bucket may snapshot."""
+    bucket = forward_batch.input_ids.shape[0]
+    slots = backend._translate_mamba_indices(
+        backend.req_to_token_pool.get_mamba_indices(forward_batch.req_pool_indices)
+    )
+    store = backend.__dict__.setdefault("mamba2_full_prefill_graph_metadata", {})
+    if in_capture:
+        tables = Mamba2PrefillGraphTables.allocate(
+            num_tokens=bucket,
+            max_requests=forward_batch.batch_size,
+            chunk_size=backend.mamba_chunk_size,
+            cache_index_dtype=slots.dtype,
+            device=backend.device,
+        )
+        track = None
+        if forward_batch.mamba_track_mask is not None:
+            track = Mamba2PrefillTrackTables.allocate(
+                max_requests=forward_batch.batch_size,
+                conv_len=backend.conv_states_shape[-1],
+                device=backend.device,
+            )
+        meta = store[bucket] = Mamba2FullGraphMetadata.on_tables(tables, track)
+    else:
+        meta = store.get(bucket)
+        if meta is None:
+            raise RuntimeError(
+                f"Mamba2 full prefill graph: no metadata was captured for the "
+                f"{bucket}-token bucket (captured: {sorted(store)})"
+            )
+        if forward_batch.mamba_track_mask is not None and meta.track is None:
+            raise RuntimeError(
+                "Mamba2 full prefill graph: a prefix-cache track batch replayed "
+                "on a bucket captured without track copies (no track mask at "
+                "capture)"
+            )
+    if forward_batch.batch_size != meta.tables.max_requests:
+        raise RuntimeError(
+            f"Mamba2 full prefill graph: the batch holds {forward_batch.batch_size} "
+            f"request slots, the {bucket}-token bucket was captured with "
+            f"{meta.tables.max_requests}"
+        )
+    meta.tables.fill(
+        extend_seq_lens=forward_batch.extend_seq_lens,
+        extend_prefix_lens=forward_batch.extend_prefix_lens,
+        slots=slots,
+    )
+    if meta.track is not None:
+        _fill_track(backend, forward_batch, meta)
+    backend.forward_metadata = meta
+    return meta
+
+
+def _fill_track(backend, forward_batch, meta: Mamba2FullGraphMetadata) -> None:
+    """The eager track selection's inputs (MambaAttnBackendBase._forward_metadata:
+    the mask, the tracked lengths, the translated track slots); none tracks
+    nothing (e.g. a replay without the track slots)."""
+    mask = forward_batch.mamba_track_mask
+    R, device = meta.track.max_requests, meta.tables.seq_idx.device
+    if mask is None:
+        mask = torch.zeros(R, dtype=torch.bool, device=device)
+        lens = track_slots = torch.zeros(R, dtype=torch.int64, device=device)
+    else:
+        lens = forward_batch.mamba_track_seqlens
+        track_slots = backend._translate_mamba_indices(
+            forward_batch.mamba_track_indices
+        )
+    meta.track.fill(
+        meta.tables,
+        track_mask=mask,
+        track_seq_lens=lens,
+        track_slots=track_slots,
+        extend_prefix_lens=forward_batch.extend_prefix_lens,
+        cache_chunk_size=mamba_cache_chunk_size(),
+    )

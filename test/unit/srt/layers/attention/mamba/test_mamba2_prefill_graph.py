@@ -195,3 +195,62 @@ def test_a_wrong_table_changes_the_kernels_results(interpreted):
         "recompute-end-off-by-one",
     }
     assert all(max(diffs) > 0.1 for diffs in mutated.values()), mutated
+
+
+# ---- the backend's own call path (interpret_mamba2_backend.py) ----
+
+BACKEND_SCRIPT = Path(__file__).with_name("interpret_mamba2_backend.py")
+BACKEND_CASES = 16
+BACKEND_DIFFS = ("out", "conv_pool", "ssm_pool")
+
+
+@pytest.fixture(scope="module")
+def through_the_backend():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CASES": str(BACKEND_CASES)}
+    run = subprocess.run(
+        [sys.executable, str(BACKEND_SCRIPT)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        check=True,
+    )
+    return [json.loads(line) for line in run.stdout.splitlines()]
+
+
+def test_captured_mamba2_extend_equals_sglangs_eager_extend(through_the_backend):
+    """Mamba2AttnBackend.forward -> MambaMixer2.forward (upstream's code, sglang's
+    kernels in Triton's interpreter) on the static metadata that
+    HybridLinearAttnBackend.init_forward_metadata_out_graph (patched, switch on)
+    gives the runner's capture batch and then its padded replay view: the real
+    tokens' outputs and every conv/SSM pool slot but the padding slot (request
+    slots, prefix-cache track slots, untouched slots) equal the eager extend's,
+    through the Triton conv (NemotronH, Granite) and the conv wrapper
+    (Falcon-H1), with and without track tables, in every snapshot mode."""
+    plain = [r for r in through_the_backend if not r["mutate"]]
+    assert len(plain) == BACKEND_CASES
+    assert any(r["prefix"] for r in plain) and any(r["tracked"] for r in plain)
+    assert any(r["requests"] < r["slots"] for r in plain)
+    assert any(r["tokens"] < r["bucket"] for r in plain)
+    assert {True, False} == {r["triton_conv"] for r in plain}
+    assert any(r["track_tables"] and not r["tracked"] for r in plain)
+    modes = {m for r in plain for m in r["modes"]}
+    assert {TRACK_FINAL_STATE, TRACK_GRID_STATE, TRACK_RECOMPUTE_STATE} <= modes
+    bad = [
+        r for r in plain if not r["finite"] or max(r[k] for k in BACKEND_DIFFS) > 1e-5
+    ]
+    assert not bad, bad
+
+
+def test_wrong_graph_metadata_changes_the_backends_results(through_the_backend):
+    mutated = {
+        r["mutate"]: max(r[k] for k in BACKEND_DIFFS)
+        for r in through_the_backend
+        if r["mutate"]
+    }
+    assert set(mutated) == {
+        "no-initial-states",
+        "recompute-end-off-by-one",
+        "snapshots-dropped",
+    }
+    assert all(d > 0.1 for d in mutated.values()), mutated
