@@ -4,13 +4,10 @@ replay (zero-length request slots, pool row 0's slot), with cached prefixes
 (radix hits), prefix-cache snapshots and the capture batch: every table equals
 sglang's host fill (KDAPrefillGraphMetadata.fill + build_track_rows)."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from triton_interpreter import run_interpreted
 
 SCRIPT = Path(__file__).with_name("interpret_linear_prefill_tables.py")
 CASES = 40
@@ -18,17 +15,7 @@ CASES = 40
 
 @pytest.fixture(scope="module")
 def results():
-    # TRITON_INTERPRET must be set before triton is imported: a fresh process.
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CASES": str(CASES)}
-    run = subprocess.run(
-        [sys.executable, str(SCRIPT)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=True,
-    )
-    return [json.loads(line) for line in run.stdout.splitlines()]
+    return run_interpreted(SCRIPT, timeout=600, CASES=str(CASES))
 
 
 def test_the_cases_cover_padding_prefixes_and_snapshots(results):

@@ -5,33 +5,23 @@ against the fp32 reference x Wᵀ + s·(x Aᵀ) Bᵀ: the delta into a given bas
 (K split or not) and the whole gate
 (base and delta from one read of x)."""
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from lora_head_gate_cases import VARIANTS
+from triton_interpreter import run_interpreted
 
 SCRIPT = Path(__file__).with_name("interpret_lora_head_gate.py")
 
 
 @pytest.fixture(scope="module")
 def results(pytestconfig):
-    # TRITON_INTERPRET must be set before triton is imported: a fresh process,
-    # on the import path pytest has (pyproject.toml's pythonpath).
+    # The interpreter's process on the import path pytest has (pyproject.toml's
+    # pythonpath).
     path = os.pathsep.join(str(p) for p in pytestconfig.getini("pythonpath"))
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    run = subprocess.run(
-        [sys.executable, str(SCRIPT)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    return {r["case"]: r for r in map(json.loads, run.stdout.splitlines())}
+    rows = run_interpreted(SCRIPT, timeout=300, PYTHONPATH=path)
+    return {r["case"]: r for r in rows}
 
 
 def test_every_case_ran(results):

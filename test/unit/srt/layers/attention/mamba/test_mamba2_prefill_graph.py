@@ -11,11 +11,7 @@ tensors without data (no host read, shapes from the bucket only); and sglang's
 own conv and SSD kernels, run in Triton's CPU interpreter over the whole bucket
 on the tables, must reproduce the eager extend on the real batch."""
 
-import json
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,6 +24,7 @@ from mamba2_prefill_graph_cases import (
     random_case,
     track_mismatches,
 )
+from triton_interpreter import run_interpreted
 
 from sglang_graphfix.srt.layers.attention.mamba.mamba2_prefill_graph import (
     TRACK_FINAL_STATE,
@@ -154,17 +151,7 @@ def test_fill_reads_no_device_data_on_the_host():
 
 @pytest.fixture(scope="module")
 def interpreted():
-    # TRITON_INTERPRET must be set before triton is imported: a fresh process.
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CASES": str(INTERPRETED_CASES)}
-    run = subprocess.run(
-        [sys.executable, str(SCRIPT)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=True,
-    )
-    return [json.loads(line) for line in run.stdout.splitlines()]
+    return run_interpreted(SCRIPT, timeout=900, CASES=str(INTERPRETED_CASES))
 
 
 def test_sglangs_kernels_on_the_tables_equal_the_eager_extend(interpreted):
@@ -206,16 +193,7 @@ BACKEND_DIFFS = ("out", "conv_pool", "ssm_pool")
 
 @pytest.fixture(scope="module")
 def through_the_backend():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CASES": str(BACKEND_CASES)}
-    run = subprocess.run(
-        [sys.executable, str(BACKEND_SCRIPT)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        check=True,
-    )
-    return [json.loads(line) for line in run.stdout.splitlines()]
+    return run_interpreted(BACKEND_SCRIPT, timeout=1500, CASES=str(BACKEND_CASES))
 
 
 def test_captured_mamba2_extend_equals_sglangs_eager_extend(through_the_backend):
