@@ -20,9 +20,11 @@ Counts, in files under GRAPHFIX_PROBE_DIR (one byte per event):
 Faults (GRAPHFIX_PROBE_FAULT), each pointing every real request of a graph
 replay at the padding state slot (a wrong state-index table), so the tests can
 show their comparison fails: gdn_wrong_state (GDN), kda_wrong_state (KDA).
-GRAPHFIX_PROBE_FLASHINFER_GDN_CAPTURE_SM=<sm> sets the switch
-full_prefill_graph_capability.FLASHINFER_GDN_CAPTURE_SM in the engine processes
-(FlashInfer's GDN prefill captured in the full graph), for the tests of that path.
+GRAPHFIX_PROBE_FLASHINFER_GDN_CAPTURE_SM=<sm> and
+GRAPHFIX_PROBE_MAMBA2_FULL_PREFILL_GRAPH=1 set those switches of
+full_prefill_graph_capability in every process that loads the plugins (set them
+before the test process's first engine, whose resolution judges Mamba2 too), for
+the tests of the switched-off paths.
 """
 
 import os
@@ -43,11 +45,13 @@ def register():
 
     sglang_graphfix.register()  # wrap on top of the real patches
 
+    from sglang_graphfix.srt import full_prefill_graph_capability as capability
+
     capture_sm = os.environ.get("GRAPHFIX_PROBE_FLASHINFER_GDN_CAPTURE_SM")
     if capture_sm:
-        from sglang_graphfix.srt import full_prefill_graph_capability
-
-        full_prefill_graph_capability.FLASHINFER_GDN_CAPTURE_SM = int(capture_sm)
+        capability.FLASHINFER_GDN_CAPTURE_SM = int(capture_sm)
+    if os.environ.get("GRAPHFIX_PROBE_MAMBA2_FULL_PREFILL_GRAPH"):
+        capability.MAMBA2_FULL_PREFILL_GRAPH = True
 
     from sglang.srt.layers.attention.dsa.dsa_indexer import Indexer
     from sglang_graphfix.srt.layers.attention import (
