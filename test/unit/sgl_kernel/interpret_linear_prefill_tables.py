@@ -10,16 +10,8 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import json  # noqa: E402
 import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[3]
-sys.path[:0] = [
-    str(ROOT / "python"),
-    str(ROOT / "sgl-kernel" / "python"),
-    str(ROOT / "test"),
-]
 
 # sglang's host fill pins its staging block; pinning needs a CUDA driver.
 torch.Tensor.pin_memory = lambda self, *args, **kwargs: self

@@ -16,7 +16,7 @@ import sys  # noqa: E402
 import torch  # noqa: E402
 
 # Imports sglang_graphfix_kernel and test/lora_head_gate_cases.py: run it with
-# PYTHONPATH=sgl-kernel/python:test (test_lora_head_gate.py does).
+# PYTHONPATH=sgl-kernel/python:test (test/triton_interpreter.py does).
 
 
 def _unpinned(factory):

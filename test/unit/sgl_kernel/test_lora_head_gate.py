@@ -5,7 +5,6 @@ against the fp32 reference x Wᵀ + s·(x Aᵀ) Bᵀ: the delta into a given bas
 (K split or not) and the whole gate
 (base and delta from one read of x)."""
 
-import os
 from pathlib import Path
 
 import pytest
@@ -16,12 +15,8 @@ SCRIPT = Path(__file__).with_name("interpret_lora_head_gate.py")
 
 
 @pytest.fixture(scope="module")
-def results(pytestconfig):
-    # The interpreter's process on the import path pytest has (pyproject.toml's
-    # pythonpath).
-    path = os.pathsep.join(str(p) for p in pytestconfig.getini("pythonpath"))
-    rows = run_interpreted(SCRIPT, timeout=300, PYTHONPATH=path)
-    return {r["case"]: r for r in rows}
+def results():
+    return {r["case"]: r for r in run_interpreted(SCRIPT, timeout=300)}
 
 
 def test_every_case_ran(results):

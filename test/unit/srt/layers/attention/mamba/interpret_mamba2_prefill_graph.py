@@ -14,16 +14,8 @@ os.environ["TRITON_INTERPRET"] = "1"
 import contextlib  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[6]
-sys.path[:0] = [
-    str(ROOT / "python"),
-    str(ROOT / "sgl-kernel" / "python"),
-    str(ROOT / "test"),
-]
 
 # The SSD wrappers enter the tensors' device context; torch.cpu has none.
 torch.cpu.device = lambda index=None: contextlib.nullcontext()
