@@ -204,14 +204,9 @@ def assert_graph_matches_eager(report: dict) -> None:
 def _provenance() -> dict:
     """benchmark/provenance.py's record (commit + dirty flag, versions, device,
     date, command), loaded from its file: benchmark/ is not a package."""
-    import importlib.util
+    from benchmark_modules import load_benchmark
 
-    spec = importlib.util.spec_from_file_location(
-        "graphfix_provenance", HERE.parents[1] / "benchmark" / "provenance.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.provenance()
+    return load_benchmark("provenance", "graphfix_provenance").provenance()
 
 
 def write_result(name: str, payload: dict) -> None:

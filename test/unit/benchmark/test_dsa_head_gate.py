@@ -2,11 +2,9 @@
 on CPU with the DSA stand-ins.
 """
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
+from benchmark_modules import load_benchmark
 from dsa_indexer_lora_cases import (
     FULL_GATE_CALLS,
     FUSED_DELTA_CALLS,
@@ -16,15 +14,9 @@ from dsa_indexer_lora_cases import (
 
 from sglang.srt.layers.linear import ReplicatedLinear
 
-ROOT = Path(__file__).resolve().parents[3]
-
 
 def _benchmark():
-    path = ROOT / "benchmark" / "dsa_head_gate.py"
-    spec = importlib.util.spec_from_file_location("dsa_head_gate_benchmark", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("dsa_head_gate", "dsa_head_gate_benchmark")
 
 
 def _benchmark_setup(bench, backend, ranks):

@@ -3,28 +3,18 @@ benchmark/render_results.py (RESULTS.md from the committed JSON): recorded
 provenance is shown as recorded, a note typed in by hand never is, and the
 committed RESULTS.md is what the renderer makes of the committed JSON."""
 
-import importlib.util
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
+from benchmark_modules import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def _load(name):
-    # From their files: benchmark/ is scripts, not a package on the path.
-    spec = importlib.util.spec_from_file_location(
-        name, ROOT / "benchmark" / f"{name}.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-provenance = _load("provenance")
-render_results = _load("render_results")
+provenance = load_benchmark("provenance")
+render_results = load_benchmark("render_results")
 
 
 def test_provenance_records_this_checkout(monkeypatch):
