@@ -181,6 +181,13 @@ def log_facts(log: str) -> dict:
     facts["graphfix_line"] = next(
         (line.strip() for line in log.splitlines() if "sglang-graphfix" in line), None
     )
+    # sglang-graphfix's routing rule and its per-path prefill batch counts
+    # (prefill_cuda_graph_runner: the first eager batch of each reason).
+    facts["prefill_path_lines"] = [
+        line.strip()
+        for line in log.splitlines()
+        if "Full prefill CUDA graph" in line or "Prefill paths:" in line
+    ]
     return facts
 
 

@@ -3,7 +3,8 @@
 # repository root after the offline bundle is assembled and this package is
 # installed into /tmp/sglang-site: the named GPU test modules (the first alone,
 # the rest side by side), then benchmark/serving_prefill_graph.py. Everything
-# lands under $RES (default /tmp/res); RES/DONE marks the end.
+# lands under $RES (default /tmp/res); RES/DONE marks the end. SUITE_TIMEOUT
+# (seconds, default 1200) bounds the side-by-side modules.
 #   GRAPHFIX_COMMIT=<sha> RES=/tmp/res bash test/gpu/run_block.sh \
 #       "first_module.py" "module_a.py module_b.py" "--quick --modes breakable,full"
 set -u
@@ -19,7 +20,7 @@ if [ -n "$first" ]; then
   stamp "first rc=$?"
 fi
 if [ -n "$side_by_side" ]; then
-  OUT="$res/suite" PYTEST_ARGS=-s SUITE_TIMEOUT=1200 bash test/gpu/run_suite.sh \
+  OUT="$res/suite" PYTEST_ARGS=-s SUITE_TIMEOUT=${SUITE_TIMEOUT:-1200} bash test/gpu/run_suite.sh \
     $side_by_side >"$res/suite.out" 2>&1
   stamp "suite rc=$?"
 fi
