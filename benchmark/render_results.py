@@ -424,6 +424,68 @@ def flashinfer_gdn_capture() -> list:
     ]
 
 
+def _ms(value) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def serving() -> list:
+    """benchmark/serving_prefill_graph.py: one launch_server per prefill-graph
+    mode, sglang.benchmark.serving against it; per workload TTFT p50 / p99, ITL
+    p50 and output throughput, full's TTFT against breakable's."""
+    report = _load("serving_prefill_graph.json")
+    modes = [m for m in ("disabled", "breakable", "full") if m in report["modes"]]
+    runs = report["modes"][modes[0]]["runs"] if modes else {}
+
+    def cell(run, key, fmt=_ms):
+        return " / ".join(
+            fmt(report["modes"][m]["runs"].get(run, {}).get(key)) for m in modes
+        )
+
+    def ratio(run, key):
+        full = report["modes"].get("full", {}).get("runs", {}).get(run, {})
+        breakable = report["modes"].get("breakable", {}).get("runs", {}).get(run, {})
+        if full.get(key) and breakable.get(key):
+            return f"{breakable[key] / full[key]:.2f}x"
+        return "-"
+
+    rows = [
+        "",
+        f"Serving path ({report['model']}, `python -m sglang.launch_server "
+        "--load-format dummy` with sglang-graphfix installed, one server per mode, "
+        "`python -m sglang.benchmark.serving` random-ids; "
+        + " / ".join(modes)
+        + "; ms, output tok/s; breakable / full: TTFT p50 speed-up of full):",
+        "",
+        "| workload | TTFT p50 | TTFT p99 | ITL p50 | output tok/s | breakable / full |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for run in runs:
+        rows.append(
+            f"| {run} | {cell(run, 'median_ttft_ms')} | {cell(run, 'p99_ttft_ms')} "
+            f"| {cell(run, 'median_itl_ms')} "
+            f"| {cell(run, 'output_throughput', lambda v: _ms(v) if v else '-')} "
+            f"| {ratio(run, 'median_ttft_ms')} |"
+        )
+    rows += [
+        "",
+        "| server | " + " | ".join(modes) + " |",
+        "| --- |" + " --- |" * len(modes),
+    ]
+    facts = (
+        ("time to ready, s", lambda m: report["modes"][m].get("ready_s")),
+        ("prefill graph capture, s", lambda m: report["modes"][m]["server_log"]["prefill_graph_capture_s"]),
+        ("prefill graph memory, GB", lambda m: report["modes"][m]["server_log"]["prefill_graph_gb"]),
+        ("weights, GB", lambda m: report["modes"][m]["server_log"]["weights_gb"]),
+        ("KV cache, GB", lambda m: report["modes"][m]["server_log"]["kv_cache_gb"]),
+        ("error", lambda m: report["modes"][m].get("error")),
+    )  # fmt: skip
+    for name, get in facts:
+        rows.append(
+            f"| {name} | " + " | ".join(str(get(m) or "-") for m in modes) + " |"
+        )
+    return rows + ["", provenance_line(report)]
+
+
 def render() -> str:
     return "\n".join(
         gdn_latency()
@@ -433,6 +495,7 @@ def render() -> str:
         + merged_gate_precision()
         + plugin_and_fallback()
         + flashinfer_gdn_capture()
+        + serving()
     )
 
 

@@ -25,6 +25,7 @@ server's log.
 
     python3 benchmark/serving_prefill_graph.py [--model qwen3-next-80b-a3b-fp8]
         [--modes disabled,breakable,full] [--workloads chat,burst,long] [--quick]
+    python3 benchmark/serving_prefill_graph.py --plot   # PNG from the committed JSON
 
 Writes $OUT/serving_prefill_graph.json (else benchmark/results/...), with the
 commands it ran and its provenance, and the server logs under $OUT/logs/ when
@@ -252,6 +253,37 @@ def run_mode(model_dir: Path, mode: str, args, log_dir: Path) -> dict:
     return entry
 
 
+def plot() -> None:
+    """TTFT p50 and p99 per workload and mode, from the committed JSON."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    report = json.loads((ROOT / "benchmark" / "results" / RESULT).read_text())
+    modes = [m for m in MODES if m in report["modes"]]
+    runs = list(report["modes"][modes[0]]["runs"])
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    width = 0.8 / len(modes)
+    for ax, key in zip(axes, ("median_ttft_ms", "p99_ttft_ms")):
+        for j, mode in enumerate(modes):
+            rows = report["modes"][mode]["runs"]
+            ax.bar(
+                [k + j * width for k in range(len(runs))],
+                [rows.get(r, {}).get(key) or 0 for r in runs],
+                width,
+                label=mode,
+            )
+        ax.set_xticks([k + width for k in range(len(runs))], runs, rotation=40)
+        ax.set_yscale("log")
+        ax.set_ylabel(f"TTFT {key.split('_')[0]}, ms")
+        ax.legend()
+    device = report["provenance"]["device"]
+    fig.suptitle(f"{report['model']} via launch_server + benchmark.serving ({device})")
+    fig.tight_layout()
+    fig.savefig(ROOT / "benchmark" / "results" / "serving_prefill_graph.png", dpi=100)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -266,8 +298,14 @@ def main() -> None:
     parser.add_argument(
         "--output", default=None, help="JSON path (default: $OUT or results/)"
     )
+    parser.add_argument(
+        "--plot", action="store_true", help="only draw the committed JSON (CPU)"
+    )
     parser.add_argument("server_args", nargs="*", help="extra sglang flags, after --")
     args = parser.parse_args()
+    if args.plot:
+        plot()
+        return
     args.modes = args.modes.split(",")
     args.workloads = args.workloads.split(",")
     args.scale = 0.25 if args.quick else 1.0
