@@ -26,7 +26,16 @@ it, and both must see it on:
 
 Greedy tokens and logprobs must match within TOL; a can-fail control points
 every replay at the padding state slot (test probe fault mamba2_wrong_state)
-and must leave the tolerance on every replayed batch."""
+and must leave the tolerance on every replayed batch.
+
+Three engines (eager, graph, faulted graph) per model and strategy, 18 in all:
+under a per-command time limit, run one model at a time
+(`-k nemotron_h`, `-k falcon_h1`, `-k granite_moe_hybrid`).
+
+Checked on CPU: the three checkpoints load into sglang's own model classes
+with every parameter set (Falcon-H1's q_norm / k_norm excepted: sglang's
+FalconH1 defines them and never applies them), and the six graph engines'
+arguments resolve with the switch on, as on an H200 (`sglang-graphfix explain`)."""
 
 import pytest
 from engine_utils import (
