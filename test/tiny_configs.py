@@ -39,10 +39,12 @@ def qwen3_next_config(**overrides):
     return config
 
 
-def _nemotron_h():
+def _nemotron_h(**overrides):
+    """sglang's class (transformers 5.19 writes layer types sglang's rejects).
+    ``overrides`` replace these fields."""
     from sglang.srt.configs.nemotron_h import NemotronHConfig
 
-    return NemotronHConfig(
+    dims = dict(
         vocab_size=2048,
         hidden_size=256,
         intermediate_size=512,
@@ -55,6 +57,7 @@ def _nemotron_h():
         ssm_state_size=16,
         n_groups=1,
     )
+    return NemotronHConfig(**{**dims, **overrides})
 
 
 def _falcon_h1():

@@ -142,3 +142,92 @@ def qwen3_next_1024(path: Path) -> str:
     model.save_pretrained(path)
     add_qwen3_next_layout(path)
     return str(path)
+
+
+# Mamba2 hybrids (issue 16): transformers' model classes write the weights in
+# the original checkpoint layout, which sglang's load_weights reads (NemotronH
+# "backbone.*", A_log -> A; Falcon-H1 "model.layers.N.{mamba,self_attn,
+# feed_forward}"; GraniteMoeHybrid's input_linear/output_linear experts).
+
+
+def tiny_nemotron_h(path: Path) -> str:
+    """NemotronH "M-M*-": Mamba2, MLP, Mamba2, attention, MLP (sglang accepts
+    M, *, -, E). Mamba2 with 8 heads of 32, one group, state 16. Weights from
+    transformers' NemotronHForCausalLM; config.json from sglang's NemotronHConfig
+    (transformers 5.19 writes layer types "linear_attention" / "full_attention",
+    which sglang's config rejects), with mamba_n_groups = n_groups: sglang's
+    mixer reads mamba_n_groups (default 8), its cache shape n_groups."""
+    import transformers
+    from tiny_configs import _nemotron_h
+    from transformers import AutoModelForCausalLM
+
+    config = _nemotron_h(hybrid_override_pattern="M-M*-", mamba_n_groups=1)
+    config.architectures = ["NemotronHForCausalLM"]
+    hf = transformers.NemotronHConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        hybrid_override_pattern="M-M*-",
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        mamba_num_heads=config.mamba_num_heads,
+        mamba_head_dim=config.mamba_head_dim,
+        ssm_state_size=config.ssm_state_size,
+        n_groups=config.n_groups,
+        conv_kernel=config.conv_kernel,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf, dtype=torch.bfloat16)
+    model.save_pretrained(path)
+    config.save_pretrained(path)  # replaces transformers' config.json
+    return str(path)
+
+
+def tiny_falcon_h1(path: Path) -> str:
+    """Falcon-H1 (tiny_configs' dimensions: 2 layers, each attention + Mamba2 in
+    parallel, 8 Mamba2 heads of 32) in transformers' FalconH1Config, which
+    FalconH1ForCausalLM needs (sglang's class lacks time_step_limit) and
+    sglang's loader reads; transformers' weights."""
+    import transformers
+    from tiny_configs import FAMILIES
+    from transformers import AutoModelForCausalLM
+
+    dims = FAMILIES["falcon_h1"][0]()
+    config = transformers.FalconH1Config(
+        **{
+            key: getattr(dims, key)
+            for key in (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "mamba_d_ssm",
+                "mamba_n_heads",
+                "mamba_d_head",
+                "mamba_n_groups",
+                "mamba_d_state",
+            )
+        }
+    )
+    config.architectures = ["FalconH1ForCausalLM"]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(path)
+    return str(path)
+
+
+def tiny_granite_moe_hybrid(path: Path) -> str:
+    """GraniteMoeHybrid (tiny_configs: Mamba2 layer then attention layer, 4
+    experts top-2 + shared MLP, 8 Mamba2 heads of 64); transformers' weights."""
+    from tiny_configs import FAMILIES
+    from transformers import AutoModelForCausalLM
+
+    config = FAMILIES["granite_moe_hybrid"][0]()
+    config.architectures = ["GraniteMoeHybridForCausalLM"]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(path)
+    return str(path)

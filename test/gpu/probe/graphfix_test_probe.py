@@ -5,6 +5,9 @@ Counts, in files under GRAPHFIX_PROBE_DIR (one byte per event):
   gdn_graph_capture / gdn_graph_replay   GDN full prefill graph tables filled
                                          for a capture / before a replay
   kda_graph_capture / kda_graph_replay   the same for KDA (Kimi-Linear)
+  mamba2_graph_capture / mamba2_graph_replay
+                                         the same for Mamba2 (the bucket's
+                                         Mamba2FullGraphMetadata refilled)
   dsa_lora_head_gate                     Indexer._get_logits_head_gate with a
                                          LoRA-owned weights_proj (only the graph
                                          split op calls it so)
@@ -19,12 +22,17 @@ Counts, in files under GRAPHFIX_PROBE_DIR (one byte per event):
                                          (the upstream baseline)
 Faults (GRAPHFIX_PROBE_FAULT), each pointing every real request of a graph
 replay at the padding state slot (a wrong state-index table), so the tests can
-show their comparison fails: gdn_wrong_state (GDN), kda_wrong_state (KDA).
+show their comparison fails: gdn_wrong_state (GDN), kda_wrong_state (KDA),
+mamba2_wrong_state (Mamba2: the tables' cache_indices, which the conv and the
+SSD read initial states from and write final states to, and the final-state
+snapshot copies from).
 GRAPHFIX_PROBE_FLASHINFER_GDN_CAPTURE_SM=<sm> and
 GRAPHFIX_PROBE_MAMBA2_FULL_PREFILL_GRAPH=1 set those switches of
 full_prefill_graph_capability in every process that loads the plugins (set them
-before the test process's first engine, whose resolution judges Mamba2 too), for
-the tests of the switched-off paths.
+before the test process's first engine, whose resolution judges Mamba2 too; a
+test that needs the switch in its own process whatever ran before sets the
+module attribute itself, as test_mamba2_full_prefill_graph does), for the tests
+of the switched-off paths.
 """
 
 import os
@@ -65,6 +73,7 @@ def register():
     for family, name in (
         ("gdn", "prepare_full_prefill_graph_tables"),
         ("kda", "prepare_kda_full_prefill_graph_tables"),
+        ("mamba2", "prepare_mamba2_full_prefill_graph_metadata"),
     ):
         setattr(
             hybrid,
@@ -106,7 +115,10 @@ def _counted_fill(fill, family, wrong_state):
         meta = fill(backend, forward_batch, in_capture=in_capture)
         _bump(f"{family}_graph_capture" if in_capture else f"{family}_graph_replay")
         if wrong_state and not in_capture:
-            meta.cache_indices.masked_fill_(meta.cache_indices >= 0, 0)
+            # Mamba2: Mamba2FullGraphMetadata, whose mamba_cache_indices are
+            # its tables' cache_indices (one tensor, read by the whole extend).
+            indices = (meta.tables if family == "mamba2" else meta).cache_indices
+            indices.masked_fill_(indices >= 0, 0)
         return meta
 
     return counted_fill

@@ -1,0 +1,212 @@
+"""Mamba2 hybrids (issue 16) with a full prefill CUDA graph, on a real
+sglang.Engine, against the same engine with the prefill graph disabled: tiny
+random NemotronH ("M-M*-": Mamba2, MLP-only, Mamba2, attention, MLP-only),
+Falcon-H1 (attention and Mamba2 in parallel in every layer) and
+GraniteMoeHybrid (Mamba2 layer, MoE attention layer), each with the mamba radix
+cache's extra buffer (sglang's default here: overlap scheduling on, Triton
+linear-attention kernels) and without it (no_buffer, which sglang pairs with the
+overlap schedule off). docs/mamba2_full_prefill_graph.md, "What the GPU session
+must do", step 2.
+
+The captured Mamba2 extend ships switched off (MAMBA2_FULL_PREFILL_GRAPH =
+False in sglang_graphfix.srt.full_prefill_graph_capability). Two processes judge
+it, and both must see it on:
+* the engines' scheduler processes (spawned; they load the plugins afresh): the
+  test probe sets the switch there from GRAPHFIX_PROBE_MAMBA2_FULL_PREFILL_GRAPH,
+  passed to every engine of this module through run_engine(env=...);
+* this test process: sglang.Engine resolves its ServerArgs here, and
+  sglang-graphfix's resolution hook (cuda_graph_hook.judge_prefill_graph_on_final_settings)
+  raises ValueError on an explicit full prefill graph the switch refuses. The
+  plugins load once per process, possibly for an earlier test module's engine
+  (before this module could set the environment variable), so the autouse
+  fixture below sets the module attribute itself, and restores it afterwards:
+  test_full_prefill_graph_config expects the family refused in the same session.
+  The variable is not set at import: collection imports every module first, and
+  the other modules' engines would inherit it.
+
+Greedy tokens and logprobs must match within TOL; a can-fail control points
+every replay at the padding state slot (test probe fault mamba2_wrong_state)
+and must leave the tolerance on every replayed batch.
+
+Three engines (eager, graph, faulted graph) per model and strategy, 18 in all:
+under a per-command time limit, run one model at a time
+(`-k nemotron_h`, `-k falcon_h1`, `-k granite_moe_hybrid`).
+
+Checked on CPU: the three checkpoints load into sglang's own model classes
+with every parameter set (Falcon-H1's q_norm / k_norm excepted: sglang's
+FalconH1 defines them and never applies them), and the six graph engines'
+arguments resolve with the switch on, as on an H200 (`sglang-graphfix explain`)."""
+
+import pytest
+from engine_utils import (
+    assert_graph_matches_eager,
+    compare,
+    diverged,
+    graph_vs_eager,
+    probe_count,
+    replays_per_batch,
+    run_engine,
+    write_result,
+)
+from models import (
+    prompts,
+    tiny_falcon_h1,
+    tiny_granite_moe_hybrid,
+    tiny_nemotron_h,
+)
+
+# As the GDN test: both engines run the same Mamba2 kernels; flashinfer plans the
+# attention layers' prefill differently (paged vs ragged) and bf16 rounding moves
+# logprobs by up to ~0.01. A wrong Mamba2 state moves them far past it (see
+# test_wrong_graph_state_changes_outputs).
+TOL = 0.05
+CHUNK = 256  # also the largest captured token bucket (= sglang's mamba chunk size)
+TOPK = 20
+LONG = prompts(0, [1000, 257])[0]
+P257 = prompts(0, [1000, 257])[1]
+BATCHES = [
+    # Several requests, fewer than the prefill slot count (4), one of a single token.
+    {"input_ids": prompts(1, [1, 7, 64]), "max_new_tokens": 8},
+    # Around the 256-token bucket / chunk boundary (257 = one 256 chunk + 1).
+    {"input_ids": prompts(2, [255]), "max_new_tokens": 8},
+    {"input_ids": prompts(3, [256]), "max_new_tokens": 8},
+    {"input_ids": [P257], "max_new_tokens": 8},
+    # Chunked prefill: 4 chunks continue the conv and SSM states.
+    {"input_ids": [LONG], "max_new_tokens": 8},
+    # Prefix hits: the radix cache restores Mamba2 states tracked above.
+    {"input_ids": [LONG[:512] + prompts(4, [40])[0], P257[:256] + prompts(5, [9])[0]], "max_new_tokens": 8},
+    # A full set of slots.
+    {"input_ids": prompts(6, [5, 17, 33, 90]), "max_new_tokens": 8},
+]  # fmt: skip
+
+MODELS = {
+    "nemotron_h": tiny_nemotron_h,
+    "falcon_h1": tiny_falcon_h1,
+    "granite_moe_hybrid": tiny_granite_moe_hybrid,
+}
+
+# mamba_radix_cache_strategy -> the flags that select it (no_buffer: as sglang's
+# own "auto" resolution pairs it, with the overlap schedule off).
+STRATEGIES = {
+    "extra_buffer": {"mamba_radix_cache_strategy": "extra_buffer"},
+    "no_buffer": {
+        "mamba_radix_cache_strategy": "no_buffer",
+        "disable_overlap_schedule": True,
+    },
+}
+
+SWITCH = {"GRAPHFIX_PROBE_MAMBA2_FULL_PREFILL_GRAPH": "1"}
+FULL = {"backend": "full", "bs": [16, 32, 64, 128, 256], "full_prefill_max_req": 4}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def mamba2_switch_in_this_process():
+    """The switch on for this process's ServerArgs resolution (see the module
+    docstring), restored after the module."""
+    from sglang_graphfix.srt import full_prefill_graph_capability as capability
+
+    saved = capability.MAMBA2_FULL_PREFILL_GRAPH
+    capability.MAMBA2_FULL_PREFILL_GRAPH = True
+    yield
+    capability.MAMBA2_FULL_PREFILL_GRAPH = saved
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def model(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def model_path(model, tmp_path_factory):
+    return MODELS[model](tmp_path_factory.mktemp(model))
+
+
+@pytest.fixture(scope="module", params=list(STRATEGIES))
+def strategy(request):
+    return request.param
+
+
+def _engine_kwargs(model_path, strategy, prefill):
+    return {
+        "model_path": model_path,
+        # A full-attention backend that plans a full prefill extend
+        # (FULL_PREFILL_ATTENTION_BACKENDS) and the one the GDN test runs: the
+        # hybrid backend's attention side is the same for Mamba2.
+        "attention_backend": "flashinfer",
+        "chunked_prefill_size": CHUNK,
+        "context_length": 2048,
+        # Capped pools: the GPU suite runs several engines on one GPU at once.
+        "mem_fraction_static": 0.3,
+        "max_total_tokens": 32768,
+        "max_mamba_cache_size": 64,
+        "cuda_graph_max_bs_decode": 4,
+        "cuda_graph_config": {"prefill": prefill},
+        **STRATEGIES[strategy],
+    }
+
+
+def _name(model, strategy):
+    return f"{model}_{strategy}"
+
+
+@pytest.fixture(scope="module")
+def eager(model_path, strategy):
+    return run_engine(
+        _engine_kwargs(model_path, strategy, {"backend": "disabled"}),
+        BATCHES,
+        env=SWITCH,
+        top_logprobs_num=TOPK,
+    )
+
+
+@pytest.fixture(scope="module")
+def graph(model_path, strategy):
+    before = probe_count("mamba2_graph_replay")
+    captures = probe_count("mamba2_graph_capture")
+    results = run_engine(
+        _engine_kwargs(model_path, strategy, FULL),
+        BATCHES,
+        env=SWITCH,
+        top_logprobs_num=TOPK,
+    )
+    assert probe_count("mamba2_graph_capture") > captures, (
+        "the Mamba2 full prefill graph metadata was never filled for a capture"
+    )
+    return results, replays_per_batch(results, before, "mamba2_graph_replay")
+
+
+def test_full_prefill_graph_replays(graph):
+    _, replays = graph
+    assert sum(replays) > 0, f"the prefill graph never replayed: {replays} per batch"
+
+
+def test_full_prefill_graph_matches_eager(graph, eager, model, strategy):
+    results, replays = graph
+    report = graph_vs_eager(eager, results, tol=TOL)
+    write_result(
+        f"mamba2_full_prefill_vs_eager_{_name(model, strategy)}",
+        {
+            **report,
+            "prompt_lengths": [[len(p) for p in b["input_ids"]] for b in BATCHES],
+            "graph_replays": replays,
+        },
+    )
+    assert_graph_matches_eager(report)
+
+
+def test_wrong_graph_state_changes_outputs(model_path, graph, eager, model, strategy):
+    """Can-fail control: the graph engine again, with every replay's Mamba2 state
+    indices pointed at the padding slot (test probe fault); its outputs must
+    leave the tolerance on every batch that replayed."""
+    results = run_engine(
+        _engine_kwargs(model_path, strategy, FULL),
+        BATCHES,
+        env={**SWITCH, "GRAPHFIX_PROBE_FAULT": "mamba2_wrong_state"},
+    )
+    per_batch = [compare(e, f, tol=TOL) for e, f in zip(eager, results)]
+    write_result(
+        f"mamba2_full_prefill_wrong_state_{_name(model, strategy)}",
+        {"tolerance": TOL, "batches": per_batch},
+    )
+    replayed = [r for r, n in zip(per_batch, graph[1]) if n]
+    assert replayed and all(diverged(r) for r in replayed), per_batch
