@@ -431,21 +431,22 @@ def _ms(value) -> str:
 def serving() -> list:
     """benchmark/serving_prefill_graph.py: one launch_server per prefill-graph
     mode, sglang.benchmark.serving against it; per workload TTFT p50 / p99, ITL
-    p50 and output throughput, full's TTFT against breakable's."""
+    p50 and output throughput, full's TTFT against breakable's. A run missing
+    from a mode shows "-" (see the report's notes)."""
     report = _load("serving_prefill_graph.json")
     modes = [m for m in ("disabled", "breakable", "full") if m in report["modes"]]
-    runs = report["modes"][modes[0]]["runs"] if modes else {}
+    labels = list(dict.fromkeys(r for m in modes for r in report["modes"][m]["runs"]))
 
-    def cell(run, key, fmt=_ms):
-        return " / ".join(
-            fmt(report["modes"][m]["runs"].get(run, {}).get(key)) for m in modes
-        )
+    def get(mode, run, key):
+        return report["modes"][mode]["runs"].get(run, {}).get(key)
+
+    def cell(run, key):
+        return " / ".join(_ms(get(m, run, key)) for m in modes)
 
     def ratio(run, key):
-        full = report["modes"].get("full", {}).get("runs", {}).get(run, {})
-        breakable = report["modes"].get("breakable", {}).get("runs", {}).get(run, {})
-        if full.get(key) and breakable.get(key):
-            return f"{breakable[key] / full[key]:.2f}x"
+        full, breakable = get("full", run, key), get("breakable", run, key)
+        if "full" in modes and "breakable" in modes and full and breakable:
+            return f"{breakable / full:.2f}x"
         return "-"
 
     rows = [
@@ -459,11 +460,10 @@ def serving() -> list:
         "| workload | TTFT p50 | TTFT p99 | ITL p50 | output tok/s | breakable / full |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    for run in runs:
+    for run in labels:
         rows.append(
             f"| {run} | {cell(run, 'median_ttft_ms')} | {cell(run, 'p99_ttft_ms')} "
-            f"| {cell(run, 'median_itl_ms')} "
-            f"| {cell(run, 'output_throughput', lambda v: _ms(v) if v else '-')} "
+            f"| {cell(run, 'median_itl_ms')} | {cell(run, 'output_throughput')} "
             f"| {ratio(run, 'median_ttft_ms')} |"
         )
     rows += [
@@ -472,17 +472,31 @@ def serving() -> list:
         "| --- |" + " --- |" * len(modes),
     ]
     facts = (
-        ("time to ready, s", lambda m: report["modes"][m].get("ready_s")),
-        ("prefill graph capture, s", lambda m: report["modes"][m]["server_log"]["prefill_graph_capture_s"]),
-        ("prefill graph memory, GB", lambda m: report["modes"][m]["server_log"]["prefill_graph_gb"]),
-        ("weights, GB", lambda m: report["modes"][m]["server_log"]["weights_gb"]),
-        ("KV cache, GB", lambda m: report["modes"][m]["server_log"]["kv_cache_gb"]),
-        ("error", lambda m: report["modes"][m].get("error")),
-    )  # fmt: skip
-    for name, get in facts:
-        rows.append(
-            f"| {name} | " + " | ".join(str(get(m) or "-") for m in modes) + " |"
-        )
+        ("log start to ready, s", "ready_s"),
+        ("prefill graph capture, s", "prefill_graph_capture_s"),
+        ("prefill graph memory, GB", "prefill_graph_gb"),
+        ("decode graph capture, s", "decode_graph_capture_s"),
+        ("weights, GB", "weights_gb"),
+    )
+    for name, key in facts:
+        values = [report["modes"][m].get("server_log", {}).get(key) for m in modes]
+        rows.append(f"| {name} | " + " | ".join(str(v or "-") for v in values) + " |")
+    for m in modes:
+        entry = report["modes"][m]
+        if entry.get("recovered_from_jsonl"):
+            rows.append(
+                f"| {m}: rows rebuilt from sglang.benchmark.serving's JSONL "
+                "(`--recover`) | " + ", ".join(entry["recovered_from_jsonl"]) + " |"
+            )
+        if entry.get("error"):
+            rows.append(f"| {m}: error | {entry['error']} |")
+    notes = report.get("notes_hand_written")
+    if notes:
+        rows += [
+            "",
+            "Notes on this run (typed by hand after it, not recorded by the script):",
+        ]
+        rows += [f"* {note}" for note in notes]
     return rows + ["", provenance_line(report)]
 
 

@@ -19,13 +19,17 @@ Workloads (WORKLOADS): short chat-like prompts (input 16-512, output 1-32) at
 several request rates up to saturation; bursts of 1, 4 and 8 prompts of fixed
 length (the first-token path a user hits); one long-prompt run (8k-16k input).
 Per mode and workload: TTFT p50/p99, ITL p50/p99, request and output throughput,
-straight from sglang.benchmark.serving's JSONL; per mode: time to ready, the
+straight from sglang.benchmark.serving's JSONL, and how many prefill batches ran
+a CUDA graph or eager (sglang's per-batch log line); per mode: time to ready, the
 prefill-graph capture time and memory and the weight / KV sizes, from the
-server's log.
+server's log. Every run draws its own prompts (its own --seed) on an empty radix
+cache (/flush_cache); each server first runs one warm-up per workload (WARMUP,
+other prompts, not reported), so kernels built on first use are not timed.
 
     python3 benchmark/serving_prefill_graph.py [--model qwen3-next-80b-a3b-fp8]
         [--modes disabled,breakable,full] [--workloads chat,burst,long] [--quick]
     python3 benchmark/serving_prefill_graph.py --plot   # PNG from the committed JSON
+    python3 benchmark/serving_prefill_graph.py --recover DIR  # a run cut short
 
 Writes $OUT/serving_prefill_graph.json (else benchmark/results/...), with the
 commands it ran and its provenance, and the server logs under $OUT/logs/ when
@@ -46,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -174,13 +179,32 @@ LOG_FACTS = {
 }
 
 
+# sglang_graphfix.register()'s start-up line in every server process.
+GRAPHFIX_LINE = "sglang-graphfix 0.1.0: applied"
+# sglang's scheduler logs every prefill batch, and whether it ran a CUDA graph.
+PREFILL_BATCH = re.compile(r"Prefill batch, #new-seq: (\d+),.*cuda graph: (True|False)")
+
+
+def prefill_batches(log: str) -> dict:
+    """Prefill batches in a stretch of sglang's server log: how many replayed a
+    CUDA graph (full or breakable) and how many ran eager, with their requests."""
+    counts = {"graph": 0, "eager": 0, "eager_requests_max": 0}
+    for requests, graph in PREFILL_BATCH.findall(log):
+        counts["graph" if graph == "True" else "eager"] += 1
+        if graph == "False":
+            counts["eager_requests_max"] = max(
+                counts["eager_requests_max"], int(requests)
+            )
+    return counts
+
+
 def log_facts(log: str) -> dict:
     facts = {}
     for key, pattern in LOG_FACTS.items():
         found = re.findall(pattern, log)
         facts[key] = float(found[-1]) if found else None
     facts["graphfix_line"] = next(
-        (line.strip() for line in log.splitlines() if "sglang-graphfix" in line), None
+        (line.strip() for line in log.splitlines() if GRAPHFIX_LINE in line), None
     )
     # sglang-graphfix's routing rule and its per-path prefill batch counts
     # (prefill_cuda_graph_runner: the first eager batch of each reason).
@@ -199,10 +223,38 @@ KEEP = (
 )  # fmt: skip
 
 
-def bench(model_dir: Path, port: int, run, scale: float, out_dir: Path) -> tuple:
+def run_seed(label: str, warmup: bool = False) -> int:
+    """Each run its own prompts (random-ids draws them from --seed): no run hits
+    the radix cache with another run's prompts; the warm-up draws others."""
+    labels = [run[0] for runs in WORKLOADS.values() for run in runs]
+    return labels.index(label) + (1000 if warmup else 1)
+
+
+def flush_cache(port: int, attempts: int = 10) -> None:
+    """sglang's /flush_cache: every run starts from an empty radix cache. It
+    refuses (HTTP 400) while requests are still running: wait and retry."""
+    url = f"http://127.0.0.1:{port}/flush_cache"
+    for attempt in range(attempts):
+        try:
+            with urllib.request.urlopen(
+                urllib.request.Request(url, method="POST"), timeout=60
+            ) as r:
+                r.read()
+                return
+        except urllib.error.HTTPError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(1)
+
+
+def bench(
+    model_dir: Path, port: int, run, scale: float, out_dir: Path, warmup=False
+) -> tuple:
     label, inp, outp, ratio, rate, conc, prompts = run
     prompts = max(4, int(prompts * scale))
-    jsonl = out_dir / f"bench_{port}_{abs(hash(label))}.jsonl"
+    kind = "warmup" if warmup else "run"
+    jsonl = out_dir / f"bench_{port}_{kind}_{run_seed(label, warmup)}.jsonl"
+    flush_cache(port)
     cmd = [
         sys.executable, "-m", "sglang.benchmark.serving",
         "--backend", "sglang", "--host", "127.0.0.1", "--port", str(port),
@@ -211,7 +263,7 @@ def bench(model_dir: Path, port: int, run, scale: float, out_dir: Path) -> tuple
         "--random-input-len", str(inp), "--random-output-len", str(outp),
         "--random-range-ratio", str(ratio), "--num-prompts", str(prompts),
         "--request-rate", "inf" if math.isinf(rate) else str(rate),
-        "--seed", "1", "--warmup-requests", "4", "--disable-tqdm",
+        "--seed", str(run_seed(label, warmup)), "--warmup-requests", "4", "--disable-tqdm",
         "--output-file", str(jsonl),
     ] + (["--max-concurrency", str(conc)] if conc else [])  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -221,7 +273,17 @@ def bench(model_dir: Path, port: int, run, scale: float, out_dir: Path) -> tuple
     return cmd, {key: row.get(key) for key in KEEP}
 
 
-def run_mode(model_dir: Path, mode: str, args, log_dir: Path) -> dict:
+# Per workload, the run that warms a fresh server up before the measured runs
+# (prompts of another seed, results not reported): a new batch shape's first
+# run JIT-compiles kernels, a start-up cost that reached seconds on a fresh H200
+# (13.6 s median TTFT of breakable's first chat run; 7.6 s for full's first
+# batch over its request cap), not serving speed.
+WARMUP = {"chat": "chat rate inf", "burst": "8 x 64 tokens", "long": "long 8k-16k"}
+
+
+def run_mode(model_dir: Path, mode: str, args, log_dir: Path, entry, save) -> None:
+    """Serve ``mode``, fill ``entry`` (the report's entry for it) run by run and
+    call ``save()`` after each: a mode cut short keeps what it measured."""
     port = free_port()
     cmd = server_command(model_dir, mode, port, args)
     log_path = log_dir / f"server_{mode}.log"
@@ -229,17 +291,28 @@ def run_mode(model_dir: Path, mode: str, args, log_dir: Path) -> dict:
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
-    entry = {"server_command": " ".join(cmd), "runs": {}}
+    entry.update({"server_command": " ".join(cmd), "runs": {}, "warmup": {}})
+    runs = {run[0]: run for w in args.workloads for run in WORKLOADS[w]}
     try:
         entry["ready_s"] = round(wait_ready(proc, port, args.ready_timeout), 1)
-        for workload in args.workloads:
-            for run in WORKLOADS[workload]:
-                if proc.poll() is not None:  # its log says why
-                    raise RuntimeError(f"server exited with {proc.returncode}")
-                bench_cmd, result = bench(model_dir, port, run, args.scale, log_dir)
-                entry["runs"][run[0]] = result
-                entry.setdefault("bench_commands", []).append(" ".join(bench_cmd))
-                print(mode, run[0], json.dumps(result)[:300], flush=True)
+        plan = [(runs[WARMUP[w]], True) for w in args.workloads]
+        plan += [(run, False) for run in runs.values()]
+        for run, warmup in plan:
+            if proc.poll() is not None:  # its log says why
+                raise RuntimeError(f"server exited with {proc.returncode}")
+            offset = log_path.stat().st_size
+            bench_cmd, result = bench(
+                model_dir, port, run, args.scale, log_dir, warmup=warmup
+            )
+            with open(log_path, errors="replace") as log:
+                log.seek(offset)
+                result["prefill_batches"] = prefill_batches(log.read())
+            entry["warmup" if warmup else "runs"][run[0]] = result
+            entry.setdefault("bench_commands", []).append(" ".join(bench_cmd))
+            print(
+                mode, "warm-up" * warmup, run[0], json.dumps(result)[:300], flush=True
+            )
+            save()
     except Exception as exc:  # the mode's failure is a result, not a crash
         entry["error"] = f"{type(exc).__name__}: {exc}"
     finally:
@@ -249,8 +322,74 @@ def run_mode(model_dir: Path, mode: str, args, log_dir: Path) -> dict:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
         time.sleep(5)  # the GPU is free before the next server starts
-    entry["server_log"] = log_facts(log_path.read_text(errors="replace"))
-    return entry
+    text = log_path.read_text(errors="replace")
+    entry["server_log"] = {**log_facts(text), "ready_s": _ready_seconds(text)}
+    save()
+
+
+def workload_of(row: dict):
+    """The WORKLOADS run a sglang.benchmark.serving JSONL row measured."""
+    for runs in WORKLOADS.values():
+        for label, inp, outp, ratio, rate, conc, _ in runs:
+            if (row["random_input_len"], row["random_output_len"]) == (inp, outp) and (
+                math.isclose(row["random_range_ratio"], ratio)
+                and float(row["request_rate"]) == rate
+                and row["max_concurrency"] == conc
+            ):
+                return label
+    return None
+
+
+def recover(folder: Path) -> dict:
+    """A run cut short before it wrote a mode (an older version of this script
+    wrote the report once per mode): rebuild every mode's measured runs from
+    the JSONL rows sglang.benchmark.serving wrote under ``folder``/logs (mode:
+    the server's cuda_graph_backend_prefill in each row's server_info; run: the
+    row's workload parameters) and its facts from the server logs. Rows of
+    warm-up runs are left out."""
+    report = json.loads((folder / RESULT).read_text())
+    logs = folder / "logs"
+    found = {}
+    for path in sorted(logs.glob("bench_*.jsonl")):
+        if "_warmup_" in path.name:
+            continue
+        row = json.loads(path.read_text().splitlines()[-1])
+        mode = row["server_info"]["cuda_graph_backend_prefill"]
+        found.setdefault(mode, {})[workload_of(row)] = {k: row.get(k) for k in KEEP}
+    for mode in MODES:
+        if mode not in found:
+            continue
+        entry = report["modes"].setdefault(mode, {"runs": {}})
+        missing = {k: v for k, v in found[mode].items() if k not in entry["runs"]}
+        if missing:
+            entry["runs"].update(missing)
+            entry["recovered_from_jsonl"] = sorted(missing)
+        server_log = logs / f"server_{mode}.log"
+        if server_log.exists():
+            text = server_log.read_text(errors="replace")
+            entry["server_log"] = log_facts(text)
+            entry["server_log"]["ready_s"] = _ready_seconds(text)
+    order = [run[0] for runs in WORKLOADS.values() for run in runs]
+    for entry in report["modes"].values():
+        entry["runs"] = dict(
+            sorted(entry["runs"].items(), key=lambda kv: order.index(kv[0]))
+        )
+    return report
+
+
+def _ready_seconds(log: str):
+    """Seconds from the server log's first line to "ready to roll" (the
+    script's own ready_s also waits for /health_generate)."""
+    stamps = re.findall(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\]", log, re.M)
+    ready = re.search(r"^\[([^\]]+)\] The server is fired up", log, re.M)
+    if not (stamps and ready):
+        return None
+    from datetime import datetime
+
+    def parse(stamp):
+        return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S")
+
+    return (parse(ready.group(1)) - parse(stamps[0])).total_seconds()
 
 
 def plot() -> None:
@@ -274,7 +413,12 @@ def plot() -> None:
                 width,
                 label=mode,
             )
-        ax.set_xticks([k + width for k in range(len(runs))], runs, rotation=40)
+        ax.set_xticks(
+            [k + width * (len(modes) - 1) / 2 for k in range(len(runs))],
+            runs,
+            rotation=40,
+            ha="right",
+        )
         ax.set_yscale("log")
         ax.set_ylabel(f"TTFT {key.split('_')[0]}, ms")
         ax.legend()
@@ -301,10 +445,22 @@ def main() -> None:
     parser.add_argument(
         "--plot", action="store_true", help="only draw the committed JSON (CPU)"
     )
+    parser.add_argument(
+        "--recover",
+        metavar="DIR",
+        help="rebuild DIR's report from the JSONL rows and server logs under "
+        "DIR/logs (a run cut short), then exit",
+    )
     parser.add_argument("server_args", nargs="*", help="extra sglang flags, after --")
     args = parser.parse_args()
     if args.plot:
         plot()
+        return
+    if args.recover:
+        folder = Path(args.recover)
+        path = Path(args.output) if args.output else folder / RESULT
+        path.write_text(json.dumps(recover(folder), indent=1, default=str))
+        print("wrote", path)
         return
     args.modes = args.modes.split(",")
     args.workloads = args.workloads.split(",")
@@ -332,10 +488,14 @@ def main() -> None:
         if args.output
         else (out or ROOT / "benchmark" / "results") / RESULT
     )
-    for mode in args.modes:
-        report["modes"][mode] = run_mode(model_dir, mode, args, log_dir)
-        # After every mode: a run cut short keeps what it measured.
+
+    def save():
         path.write_text(json.dumps(report, indent=1, default=str))
+
+    for mode in args.modes:
+        run_mode(
+            model_dir, mode, args, log_dir, report["modes"].setdefault(mode, {}), save
+        )
     print("wrote", path)
 
 

@@ -19,3 +19,81 @@ def test_served_model_is_bfloat16_with_fp8_blocks(tmp_path):
     assert _get_and_verify_dtype(config, "auto") == torch.bfloat16
     assert config.quantization_config["weight_block_size"] == [128, 128]
     assert config.num_hidden_layers == 4 and config.full_attention_interval == 4
+
+
+def _row(mode, inp, outp, ratio, rate, conc, ttft):
+    return {
+        "random_input_len": inp,
+        "random_output_len": outp,
+        "random_range_ratio": ratio,
+        "request_rate": rate,
+        "max_concurrency": conc,
+        "server_info": {"cuda_graph_backend_prefill": mode},
+        "median_ttft_ms": ttft,
+    }
+
+
+def test_recover_rebuilds_a_mode_cut_short_from_the_jsonl_rows(tmp_path):
+    """A mode whose report entry was never written gets its runs back from
+    sglang.benchmark.serving's JSONL rows, each matched to its workload by its
+    parameters and to its mode by the server's prefill backend; warm-up rows
+    and runs already in the report are left as they are."""
+    import json
+
+    bench = load_benchmark("serving_prefill_graph")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    report = {
+        "modes": {"breakable": {"runs": {"1 x 16 tokens": {"median_ttft_ms": 48.0}}}}
+    }
+    (tmp_path / bench.RESULT).write_text(json.dumps(report))
+    rows = {
+        "bench_1_a.jsonl": _row("full", 16, 1, 1.0, float("inf"), 1, 26.0),
+        "bench_1_b.jsonl": _row("full", 512, 32, 1 / 32, 8.0, None, 45.0),
+        "bench_1_warmup_c.jsonl": _row("full", 64, 1, 1.0, float("inf"), 8, 999.0),
+        "bench_2_d.jsonl": _row("breakable", 16, 1, 1.0, float("inf"), 1, 1.0),
+    }
+    for name, row in rows.items():
+        (logs / name).write_text(json.dumps({"ignored": 1}) + "\n" + json.dumps(row))
+    (logs / "server_full.log").write_text(
+        "[2026-12-01 20:05:24] sglang-graphfix 0.1.0: applied 20 patches\n"
+        "[2026-12-01 20:07:38] The server is fired up and ready to roll!\n"
+    )
+    recovered = bench.recover(tmp_path)["modes"]
+    full = recovered["full"]
+    assert list(full["runs"]) == ["chat rate 8", "1 x 16 tokens"]  # WORKLOADS order
+    assert full["runs"]["1 x 16 tokens"]["median_ttft_ms"] == 26.0
+    assert full["recovered_from_jsonl"] == ["1 x 16 tokens", "chat rate 8"]
+    assert full["server_log"]["ready_s"] == 134.0
+    assert full["server_log"]["graphfix_line"].endswith("applied 20 patches")
+    assert recovered["breakable"]["runs"]["1 x 16 tokens"]["median_ttft_ms"] == 48.0
+
+
+def test_prefill_batches_counts_sglangs_per_batch_graph_flag():
+    bench = load_benchmark("serving_prefill_graph")
+    log = "\n".join(
+        [
+            "[t] Prefill batch, #new-seq: 35, #new-token: 1111, cuda graph: False, x",
+            "[t] Prefill batch, #new-seq: 16, #new-token: 402, cuda graph: True, x",
+            "[t] Decode batch, #running-req: 2, cuda graph: True",
+            "[t] Prefill batch, #new-seq: 1, #new-token: 1, cuda graph: False, x",
+        ]
+    )
+    assert bench.prefill_batches(log) == {
+        "graph": 1,
+        "eager": 2,
+        "eager_requests_max": 35,
+    }
+
+
+def test_every_run_draws_its_own_prompts():
+    bench = load_benchmark("serving_prefill_graph")
+    labels = [run[0] for runs in bench.WORKLOADS.values() for run in runs]
+    seeds = [bench.run_seed(label) for label in labels]
+    seeds += [bench.run_seed(label, warmup=True) for label in labels]
+    assert len(set(seeds)) == len(seeds)
+    assert set(bench.WARMUP) == set(bench.WORKLOADS)
+    assert all(
+        label in {run[0] for run in bench.WORKLOADS[w]}
+        for w, label in bench.WARMUP.items()
+    )
