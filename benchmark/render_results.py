@@ -380,47 +380,102 @@ def plugin_and_fallback() -> list:
     ]
 
 
-def flashinfer_gdn_capture() -> list:
-    """FlashInfer's GDN prefill captured in the full prefill graph (off by
-    default; results/gpu/flashinfer_gdn_capture/, whose README.md says why)."""
-    folder = "gpu/flashinfer_gdn_capture/"
-    kernel = _load(folder + "gdn_extend_kernel_flashinfer.json")["max_abs_diff"]
-    bad = _load(folder + "gdn_extend_kernel_flashinfer_wrong_state.json")
-    hybrid = _load(folder + "hybrid_gdn_full_prefill_vs_eager.json")
-    hybrid_bad = _load(folder + "hybrid_gdn_full_prefill_wrong_state.json")["batches"]
-    acc = _load(folder + "gdn_prefill_accuracy_fp32.json")
-    lengths, greedy = acc["prompt_lengths"], acc["greedy_error"]
-    nan = [n for n, e in zip(lengths, greedy["full"]) if e != e]
-
-    def errs(name):
-        return " / ".join("NaN" if e != e else f"{e:.3f}" for e in greedy[name])
-
-    return [
+def gdn_prefill_accuracy() -> list:
+    """The GDN extend captured with FlashInfer's prefill (as shipped on SM90) and
+    with Triton: per kernel against sglang's eager extend, and per engine against
+    eager on the same kernels and an fp32 reference (results/gpu/gdn_prefill_accuracy/;
+    the earlier run with NaN, before the rows past the batch were zeroed:
+    results/gpu/flashinfer_gdn_capture/)."""
+    folder = "gpu/gdn_prefill_accuracy/"
+    rows = [
         "",
-        "FlashInfer's GDN prefill inside the full prefill graph (H200; off by "
-        "default, see results/gpu/flashinfer_gdn_capture/README.md: the "
-        "provenance commit of these files is the GPU machine's stale .git):",
+        "GDN prefill kernels in the full prefill graph (H200; FlashInfer's is captured "
+        "on SM90 as shipped, Triton with `--linear-attn-prefill-backend triton`):",
         "",
         "| check | result |",
         "| --- | --- |",
-        "| one bucket replayed for 4 batches vs sglang's eager FlashInfer extend "
-        "| output max diff "
-        + " / ".join(f"{v['output']:g}" for v in kernel.values())
-        + "; wrong state slot (control): "
-        + f"{bad['max_abs_diff']['output']:.3f} |",
-        "| 4-layer Qwen3-Next engine, full graph vs eager on sglang's default kernels "
-        f"| {sum(len(b['mismatches']) for b in hybrid['batches'])} mismatches in "
-        f"{len(hybrid['batches'])} batches, max first-token logprob diff "
-        f"{max(f['max_logprob_diff'] for f in hybrid['first_token_topk']):.4f}; "
-        f"control diverges in {sum(map(_diverged, hybrid_bad))} of "
-        f"{len(hybrid_bad)} |",
-        f"| hidden-1024 Qwen3-Next, first-token logprob error vs fp32 transformers "
-        f"at {' / '.join(map(str, lengths))} tokens | full graph (FlashInfer "
-        f"captured) {errs('full')}; "
-        f"sglang default eager {errs('default')}; Triton eager {errs('triton')} "
-        f"(NaN at {', '.join(map(str, nan))} tokens) |",
+    ]
+    for kernel in ("flashinfer", "triton"):
+        for hv in (4, 32):
+            name = f"gdn_extend_kernel_{kernel}_hv{hv}"
+            batches = _load(f"{folder}{name}.json")["max_abs_diff"].values()
+            bad = _load(f"{folder}{name}_wrong_state.json")["max_abs_diff"]
+            rows.append(
+                f"| {kernel} kernel, {hv} value heads: 256-token bucket replayed for "
+                f"{len(batches)} batches vs sglang's eager extend | output max diff "
+                + " / ".join(f"{b['output']:g}" for b in batches)
+                + "; rows past the batch and the padding slot finite: "
+                + str(all(b["padding_slot_finite"] for b in batches))
+                + f"; wrong state slot (control): {bad['output']:.3f} |"
+            )
+    lengths = _load(folder + "gdn_prefill_1024_full_flashinfer_fp32.json")[
+        "prompt_lengths"
+    ]
+    errors = _load(folder + "gdn_prefill_1024_full_flashinfer_fp32.json")["fp32_error"]
+    triton_graph = _load(folder + "gdn_prefill_1024_full_fp32.json")["fp32_error"][
+        "full"
+    ]
+    same = {
+        "flashinfer": _load(
+            folder + "gdn_prefill_1024_full_flashinfer_vs_default.json"
+        ),
+        "triton": _load(folder + "gdn_prefill_1024_full_vs_triton.json"),
+    }
+    wrong = _load(folder + "gdn_prefill_1024_wrong_state.json")["batches"]
+
+    def errs(values):
+        return " / ".join("NaN" if e != e else f"{e:.3f}" for e in values)
+
+    for kernel, report in same.items():
+        steps = [b["max_logprob_diff"] for b in report["batches"]]
+        rows.append(
+            f"| hidden-1024 Qwen3-Next, fa3, graph ({kernel}) vs eager on the same "
+            f"kernels, first token at {' / '.join(map(str, lengths))} tokens | "
+            + " / ".join(
+                "split (near tie)" if b["near_tie_splits"] else f"{d:.4f}"
+                for b, d in zip(report["batches"], steps)
+            )
+            + " |"
+        )
+    rows += [
+        f"| same model, first-token logprob error vs fp32 transformers at "
+        f"{' / '.join(map(str, lengths))} tokens | graph (FlashInfer) "
+        f"{errs(errors['full_flashinfer'])}; sglang default eager "
+        f"{errs(errors['default'])}; graph (Triton) {errs(triton_graph)}; Triton "
+        f"eager {errs(errors['triton'])} |",
+        f"| wrong-state control (graph with every replay on the padding slot) | "
+        f"diverges at {sum(map(_diverged, wrong))} of {len(wrong)} lengths |",
         "",
-        provenance_line(acc),
+        provenance_line(_load(folder + "gdn_prefill_1024_full_flashinfer_fp32.json")),
+    ]
+    return rows
+
+
+def mamba2() -> list:
+    """The captured Mamba2 extend (switched off; results/gpu/mamba2/)."""
+    folder = "gpu/mamba2/"
+    falcon = _load(folder + "mamba2_full_prefill_vs_eager_falcon_h1_extra_buffer.json")
+    bad = _load(folder + "mamba2_full_prefill_wrong_state_falcon_h1_extra_buffer.json")
+    return [
+        "",
+        "Mamba2 full prefill graph (switched off; H200, test probe turns it on):",
+        "",
+        "| check | result |",
+        "| --- | --- |",
+        "| kernel level: `Mamba2AttnBackend.forward` captured and replayed for 24 "
+        "random padded batches vs sglang's eager extend (outputs, conv/SSM pools) "
+        "| `test/gpu/test_mamba2_extend_graph.py`: 27 passed, wrong-metadata "
+        "controls included (log in results/gpu/mamba2/) |",
+        "| tiny Falcon-H1 engine (extra buffer), graph vs eager, 7 batches "
+        f"| max logprob diff {_steps(falcon['batches'])[0]:.4f}, "
+        f"{_steps(falcon['batches'])[1]} mismatches; control (wrong state) moved "
+        f"logprobs by at most {_steps(bad['batches'])[0]:.4f}: too weak to show "
+        "the comparison sees the Mamba2 state |",
+        "| tiny NemotronH, GraniteMoeHybrid engines | NemotronH: its float16 "
+        "config crashed sglang's eager mamba track copy; GraniteMoeHybrid: sglang "
+        "0.5.23 runs no prefill graph for it |",
+        "",
+        provenance_line(falcon),
     ]
 
 
@@ -508,7 +563,8 @@ def render() -> str:
         + dsa_overhead()
         + merged_gate_precision()
         + plugin_and_fallback()
-        + flashinfer_gdn_capture()
+        + gdn_prefill_accuracy()
+        + mamba2()
         + serving()
     )
 

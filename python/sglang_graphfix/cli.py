@@ -618,7 +618,7 @@ def graphfix_outcome(plan: Plan) -> Outcome:
         if support.linear_attention in ("GDN", "KDA"):
             notes.append(
                 f"{support.linear_attention} extend captured in the full prefill graph "
-                f"({support.linear_prefill_kernel} kernels)"
+                f"(prefill kernel {support.linear_prefill_kernel})"
             )
     return Outcome(True, runs.text + "".join(f"; {n}" for n in notes))
 
@@ -686,7 +686,8 @@ def render(
     support = None
     try:
         arch = model_config_of(args).hf_config.architectures[0]
-        support = full_prefill_graph_support(args)
+        with simulated_gpu(gpu):  # the kernels sglang would pick on that GPU
+            support = full_prefill_graph_support(args)
     except Exception:  # the model config itself failed: the error says why
         arch = "?"
     lines.append(f"model      {arch}  ({model_label})")

@@ -8,10 +8,11 @@ to 513 tokens.
 Engines (real sglang.Engine, chunked prefill 512; full graphs: buckets of 1 to
 512 tokens, so every prompt replays the graph or, at 513, runs a second chunk,
 and 4 request slots, so every replay carries zero-length padding requests):
-  full             the graph as shipped: it captures the Triton GDN kernels
-                   (FLASHINFER_GDN_CAPTURE_SM off); its eager twin is "triton";
-  full_flashinfer  FlashInfer's GDN prefill captured (the switch set in the
-                   engines by the test probe); its eager twin is "default";
+  full             the graph as shipped: on an H200 it captures sglang's default
+                   GDN prefill, FlashInfer's (FLASHINFER_GDN_CAPTURE_SM); its
+                   eager twin is "default";
+  full_triton      the graph with --linear-attn-prefill-backend triton (the
+                   Triton chunk kernels captured); its eager twin is "triton";
   wrong_state      "full" with every replay pointed at the padding state slot
                    (test probe fault): the control;
   default          prefill graph disabled, sglang's default kernels (FlashInfer's
@@ -77,18 +78,14 @@ FULL = {
     "full_prefill_max_req": 4,
 }
 DISABLED = {"backend": "disabled"}
+TRITON = {"linear_attn_prefill_backend": "triton"}
 # name: (prefill graph, engine flags, environment, eager twin)
 ENGINES = {
     "default": (DISABLED, {}, None, None),
-    "triton": (DISABLED, {"linear_attn_prefill_backend": "triton"}, None, None),
-    "full": (FULL, {}, None, "triton"),
-    "full_flashinfer": (
-        FULL,
-        {},
-        {"GRAPHFIX_PROBE_FLASHINFER_GDN_CAPTURE_SM": "90"},
-        "default",
-    ),
-    "wrong_state": (FULL, {}, {"GRAPHFIX_PROBE_FAULT": "gdn_wrong_state"}, "triton"),
+    "triton": (DISABLED, TRITON, None, None),
+    "full": (FULL, {}, None, "default"),
+    "full_triton": (FULL, TRITON, None, "triton"),
+    "wrong_state": (FULL, {}, {"GRAPHFIX_PROBE_FAULT": "gdn_wrong_state"}, "default"),
 }
 
 
@@ -141,7 +138,7 @@ def _replayed_every_prompt(engines, name):
     assert all(n > 0 for n in replays), (name, replays)
 
 
-@pytest.mark.parametrize("name", ["full", "full_flashinfer"])
+@pytest.mark.parametrize("name", ["full", "full_triton"])
 def test_full_graph_matches_eager_on_the_same_kernels(engines, name):
     twin = ENGINES[name][3]
     report = graph_vs_eager(engines[twin], engines[name], tol=TOL)
@@ -167,7 +164,7 @@ def test_wrong_state_control_diverges(engines):
     _replayed_every_prompt(engines, "wrong_state")
     per_batch = [
         graph_vs_eager([e], [w], tol=TOL)["batches"][0]
-        for e, w in zip(engines["triton"], engines["wrong_state"])
+        for e, w in zip(engines["default"], engines["wrong_state"])
     ]
     write_result(
         "gdn_prefill_1024_wrong_state",
@@ -176,7 +173,7 @@ def test_wrong_state_control_diverges(engines):
     assert sum(map(diverged, per_batch)) >= len(LENGTHS) // 2, per_batch
 
 
-@pytest.mark.parametrize("name", ["full", "full_flashinfer"])
+@pytest.mark.parametrize("name", ["full", "full_triton"])
 def test_full_graph_is_as_close_to_fp32_as_eager(engines, reference, name):
     errors = {
         n: _fp32_errors(engines[n], reference) for n in (name, "default", "triton")

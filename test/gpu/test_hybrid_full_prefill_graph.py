@@ -1,9 +1,9 @@
 """Hybrid linear attention (GDN, tiny random Qwen3-Next) with a full prefill CUDA
 graph, on a real sglang.Engine, against the same engine with the prefill graph
-disabled, for each GDN prefill kernel the graph can capture: Triton (as shipped)
-and FlashInfer's (sglang's H200 default; FLASHINFER_GDN_CAPTURE_SM, set in the
-engines by the test probe). Upstream 0.5.23 crashes during capture (IndexError
-in HybridLinearAttnBackend._replay_metadata)."""
+disabled, for each GDN prefill kernel the graph can capture: FlashInfer's
+(sglang's H200 default, captured there as shipped: FLASHINFER_GDN_CAPTURE_SM) and
+Triton (--linear-attn-prefill-backend triton). Upstream 0.5.23 crashes during
+capture (IndexError in HybridLinearAttnBackend._replay_metadata)."""
 
 import pytest
 from engine_utils import (
@@ -62,12 +62,12 @@ def _engine_kwargs(model_path, prefill):
 FULL = {"backend": "full", "bs": [16, 32, 64, 128, 256], "full_prefill_max_req": 4}
 
 
-# Per captured GDN prefill kernel: the graph engine's environment (the test
-# probe sets the switch in its processes) and the eager engine's flags (the same
-# kernel with the prefill graph disabled).
+# Per captured GDN prefill kernel: the flags of both engines (graph and eager
+# run the same kernel). sglang's default on an H200 is FlashInfer's, which the
+# graph captures as shipped (FLASHINFER_GDN_CAPTURE_SM = 90); Triton when asked.
 KERNELS = {
-    "triton": (None, {"linear_attn_prefill_backend": "triton"}),
-    "flashinfer": ({"GRAPHFIX_PROBE_FLASHINFER_GDN_CAPTURE_SM": "90"}, {}),
+    "triton": {"linear_attn_prefill_backend": "triton"},
+    "flashinfer": {},
 }
 
 
@@ -79,17 +79,15 @@ def kernel(request):
 @pytest.fixture(scope="module")
 def eager(qwen3_next_path, kernel):
     kwargs = _engine_kwargs(qwen3_next_path, {"backend": "disabled"})
-    flags = KERNELS[kernel][1]
-    return run_engine({**kwargs, **flags}, BATCHES, top_logprobs_num=TOPK)
+    return run_engine({**kwargs, **KERNELS[kernel]}, BATCHES, top_logprobs_num=TOPK)
 
 
 @pytest.fixture(scope="module")
 def graph(qwen3_next_path, kernel):
     before = probe_count("gdn_graph_replay")
     results = run_engine(
-        _engine_kwargs(qwen3_next_path, FULL),
+        {**_engine_kwargs(qwen3_next_path, FULL), **KERNELS[kernel]},
         BATCHES,
-        env=KERNELS[kernel][0],
         top_logprobs_num=TOPK,
     )
     return results, replays_per_batch(results, before, "gdn_graph_replay")
@@ -118,9 +116,9 @@ def test_wrong_graph_state_changes_outputs(qwen3_next_path, graph, eager, kernel
     """Can-fail control: the graph engine again, with every replay pointed at the
     padding state slot (test probe fault); its outputs must leave the tolerance."""
     results = run_engine(
-        _engine_kwargs(qwen3_next_path, FULL),
+        {**_engine_kwargs(qwen3_next_path, FULL), **KERNELS[kernel]},
         BATCHES,
-        env={**(KERNELS[kernel][0] or {}), "GRAPHFIX_PROBE_FAULT": "gdn_wrong_state"},
+        env={"GRAPHFIX_PROBE_FAULT": "gdn_wrong_state"},
     )
     per_batch = [compare(e, f, tol=TOL) for e, f in zip(eager, results)]
     write_result(

@@ -88,7 +88,7 @@ def _captures(counter, run):
 def gdn_runs(qwen3_next_path):
     eager_kwargs = gdn._engine_kwargs(qwen3_next_path, {"backend": "disabled"})
     eager = run_engine(
-        _tp({**eager_kwargs, "linear_attn_prefill_backend": "triton"}),
+        _tp(eager_kwargs),  # the graph's GDN prefill kernel: sglang's default
         gdn.BATCHES,
         top_logprobs_num=gdn.TOPK,
     )

@@ -73,7 +73,8 @@ def test_default_plan_on_the_sample_qwen3_next(capsys, plugin_on):
     assert "sglang 0.5.23, as on an NVIDIA H200 (sm90" in second
     assert (
         "Qwen3NextForCausalLM" in out
-        and "linear attention GDN (prefill kernel triton)" in out
+        and "linear attention GDN (prefill kernel flashinfer where sglang picks it "
+        "on SM90, else triton)" in out
     )
     assert "attention  prefill fa3, decode fa3" in out
     runs = "runs: prefill CUDA graph breakable, decode CUDA graph full"
@@ -95,7 +96,8 @@ def test_demo_full_prefill_graph_on_qwen3_next(capsys, plugin_on):
     )
     assert seen[GRAPHFIX] == (
         "runs: prefill CUDA graph full, decode CUDA graph full; GDN extend captured "
-        "in the full prefill graph (triton kernels)"
+        "in the full prefill graph (prefill kernel flashinfer where sglang picks it "
+        "on SM90, else triton)"
     )
     assert "plan (with sglang-graphfix)" in out
     assert (

@@ -89,6 +89,7 @@ class Settings:
     architecture: str
     family: str | None = None  # LinearFamily.name; None: no linear attention
     linear_prefill_kernel: str | None = None  # GDN/KDA extend kernel
+    linear_prefill_kernel_automatic: bool = False  # GDN: sglang's own choice
     fused_accept_verify: bool = False  # KDA's FlashInfer verify stages state
     enable_mis: bool = False
     page_major_kv_layout: bool = False
@@ -129,15 +130,15 @@ class LinearFamily:
 
 # THE switch for GDN's FlashInfer prefill inside a full prefill graph: the
 # compute capability on which the captured GDN extend runs it (sglang's default
-# there) instead of the Triton chunk kernels; None: Triton everywhere. Off: on an
-# H200 the captured kernel equalled sglang's eager FlashInfer extend bit for bit
-# (benchmark/results/gpu/gdn_extend_kernel_flashinfer.json), but engines on a
-# hidden-1024 Qwen3-Next gave NaN first-token logprobs at some prompt lengths
-# (gdn_prefill_accuracy_fp32.json), with the token rows past the batch not yet
-# zeroed. Set it to 90 once the FlashInfer cases of test/gpu's
-# test_gdn_extend_kernel.py, test_hybrid_full_prefill_graph.py and
-# test_gdn_prefill_accuracy.py pass.
-FLASHINFER_GDN_CAPTURE_SM: int | None = None
+# there) instead of the Triton chunk kernels; None: Triton everywhere. SM90: on an
+# H200 (benchmark/results/gpu/gdn_prefill_accuracy/) the captured kernel equals
+# sglang's eager FlashInfer extend (outputs bit for bit, finite past the batch)
+# and a hidden-1024 Qwen3-Next engine gives sglang's default eager first-token
+# logprobs at 1-513 tokens (equal at 7 of 11 lengths, within 0.016 -- one bf16
+# step of a logit in [2, 4) -- at the others), where the Triton kernels move them
+# by up to 0.09 against fp32. Blackwell (SM100, FlashInfer's state-pool variant)
+# is not validated.
+FLASHINFER_GDN_CAPTURE_SM: int | None = 90
 
 
 def flashinfer_gdn_prefill_captures(kernel: str | None, sm: int) -> bool:
@@ -519,12 +520,25 @@ class FullPrefillGraphSupport:
     def describe(self) -> str:
         linear = self.linear_attention or "none"
         if self.linear_prefill_kernel:
-            linear += f" ({self.linear_prefill_kernel} prefill kernel)"
+            linear += f" (prefill kernel {self.linear_prefill_kernel})"
         attention = self.attention_backend or "not chosen yet (sglang's default)"
         return (
             f"architecture {self.architecture}, linear attention {linear}, "
             f"full-attention backend {attention}"
         )
+
+
+def _captured_prefill_kernel(settings: Settings) -> str | None:
+    """The extend kernel as told to users. With no GDN prefill kernel set, sglang
+    picks FlashInfer's on SM90 for the models it validated
+    (flashinfer_gdn_prefill_default: 128-dim heads, chunked prefill in range, fp32
+    state), which the graph then captures; else Triton."""
+    kernel = settings.linear_prefill_kernel
+    if settings.linear_prefill_kernel_automatic and flashinfer_gdn_prefill_captures(
+        "flashinfer", settings.sm
+    ):
+        return f"flashinfer where sglang picks it on SM{settings.sm}, else {kernel}"
+    return kernel
 
 
 def conditions_for(settings: Settings) -> tuple[Condition, ...]:
@@ -556,7 +570,7 @@ def judge(settings: Settings, label: str | None = None) -> FullPrefillGraphSuppo
     return FullPrefillGraphSupport(
         architecture=settings.architecture,
         linear_attention=label or settings.family,
-        linear_prefill_kernel=settings.linear_prefill_kernel,
+        linear_prefill_kernel=_captured_prefill_kernel(settings),
         attention_backend=settings.attention_backend,
         capturing_attention_backends=capturing_attention_backends(
             mla=settings.mla, sm=settings.sm
@@ -616,11 +630,18 @@ def settings_from_server_args(server_args: Any) -> tuple[Settings, str | None]:
         # flashinfer_kda_prefill_default), so the kernel to judge is the one
         # configured.
         kernel = cfg.linear_attn_prefill_backend or cfg.linear_attn_backend
+    automatic = (
+        family is not None
+        and family.name == "GDN"
+        and cfg.linear_attn_prefill_backend is None
+        and kernel == "triton"
+    )
     attention, _ = attention_backends_of(resolved_view(server_args))
     settings = Settings(
         architecture=model_config.hf_config.architectures[0],
         family=family and family.name,
         linear_prefill_kernel=kernel,
+        linear_prefill_kernel_automatic=automatic,
         fused_accept_verify=_fused_accept_verify(cfg),
         enable_mis=bool(cfg.enable_mis),
         page_major_kv_layout=bool(

@@ -225,8 +225,9 @@ def test_gdn_prefill_kernel_sglang_picks_under_each_prefill_graph(
     """sglang's attn_backend_wrapper asks flashinfer_gdn_prefill_default for the
     GDN prefill kernel of a Qwen3-Next on an H200 (resolved and published as a
     scheduler does; only the hardware probes answered): FlashInfer, unless the
-    prefill graph is full and FlashInfer's capture is off (capture_sm None, the
-    default) or meant for another GPU: then the Triton kernels the graph captures."""
+    prefill graph is full and FlashInfer's capture is off (capture_sm None) or
+    meant for another GPU (the shipped 90 on an SM100): then the Triton kernels
+    the graph captures."""
     monkeypatch.setattr(capability, "FLASHINFER_GDN_CAPTURE_SM", capture_sm)
     args = ServerArgs(
         model_path=write_config("qwen3_next", tmp_path / "qwen3_next"),
