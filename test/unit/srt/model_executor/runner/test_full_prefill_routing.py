@@ -147,8 +147,36 @@ class _FlashInferGDNKernel:
     uses_state_checkpoints = True
     calls = []
 
-    def extend(self, q, k, v, g, beta, *, ssm_states, cache_indices, query_start_loc):
-        self.calls.append((q.shape, k.shape, v.shape, g.shape, ssm_states.shape))
+    def extend(
+        self,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        *,
+        ssm_states,
+        cache_indices,
+        query_start_loc,
+        state_checkpoint_cu_starts=None,
+        num_state_checkpoints=0,
+        state_checkpoint_every_n_tokens=0,
+    ):
+        self.calls.append(
+            (
+                q.shape,
+                k.shape,
+                v.shape,
+                g.shape,
+                ssm_states.shape,
+                query_start_loc.tolist(),
+                None
+                if state_checkpoint_cu_starts is None
+                else state_checkpoint_cu_starts.tolist(),
+                num_state_checkpoints,
+                state_checkpoint_every_n_tokens,
+            )
+        )
         return None
 
 
@@ -208,15 +236,19 @@ def test_eager_gdn_prefill_returns_to_sglangs_default_after_capture(
     assert isinstance(dispatcher.verify_kernel, TritonGDNKernel)
     assert gdn.linear_attn_backends.prefill.is_flashinfer()
     assert model_runner.linear_attn_backends is gdn.linear_attn_backends
-    # warmed at startup, on this rank's heads and a scratch state
+    # warmed at startup, on this rank's heads and a scratch state: two requests
+    # and (no CUDA device to ask flashinfer's rule) 64, both without and with
+    # prefix-cache snapshots every 64 tokens (the 70-token request has one)
+    few = ((1, 73, 2, 128), (1, 73, 2, 128), (1, 73, 4, 128), (1, 73, 4))
+    few += ((2, 4, 128, 128), [0, 3, 73])
+    many_tokens = 63 * 3 + 70
+    many = tuple((1, many_tokens, *s) for s in ((2, 128), (2, 128), (4, 128), (4,)))
+    many += ((64, 4, 128, 128), [3 * i for i in range(64)] + [many_tokens])
     assert flashinfer_on_cpu.calls == [
-        (
-            (1, 73, 2, 128),
-            (1, 73, 2, 128),
-            (1, 73, 4, 128),
-            (1, 73, 4),
-            (2, 4, 128, 128),
-        )
+        (*few, None, 0, 0),
+        (*few, [0, 0, 1], 1, 64),
+        (*many, None, 0, 0),
+        (*many, [0] * 64 + [1], 1, 64),
     ]
     rule = [r.getMessage() for r in caplog.records if "routing" in r.getMessage()]
     assert len(rule) == 1
@@ -252,7 +284,7 @@ def test_on_sm90_the_flashinfer_kernel_stays_and_is_warmed(
     runner = _runner(gdn)
     caplog.set_level(logging.INFO, logger=ours.__name__)
     _after_capture(runner, runner.model_runner, monkeypatch)
-    assert gdn.kernel_dispatcher is kept and len(flashinfer_on_cpu.calls) == 1
+    assert gdn.kernel_dispatcher is kept and len(flashinfer_on_cpu.calls) == 4
     assert "GDN prefill: flashinfer" in caplog.text
 
 

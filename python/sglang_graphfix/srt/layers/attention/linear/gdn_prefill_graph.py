@@ -27,6 +27,8 @@ FlashInfer's) own; only their table arguments change.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import triton
 
@@ -331,36 +333,78 @@ def use_default_eager_gdn_prefill(linear, model_runner, default: str) -> None:
 
 
 def warm_eager_gdn_prefill(linear) -> None:
-    """Run the eager extend kernel once on scratch state (two requests, this
-    rank's head layout), so its JIT build happens at startup, not on the first
-    batch the graph does not take. Touches no pool slot."""
+    """Run the eager extend kernel on scratch state, so that what it builds on
+    first use is built at startup, not on a user's batch the graph does not take
+    (on a fresh H200 such a batch waited 7 s). FlashInfer's GDN prefill picks a
+    context-parallel kernel for few sequences and its plain one for many
+    (flashinfer's should_use_cp_host), each with and without the prefix-cache
+    snapshots: a batch of two requests and one of many, each both ways. This
+    rank's head layout; touches no pool slot."""
     cache = linear.req_to_token_pool.mamba_pool.mamba_cache
     num_v_heads, v_dim, k_dim = cache.temporal.shape[-3:]
     conv_dim = linear.conv_states_shape[-2]  # q + k + v channels
     num_k_heads = (conv_dim - num_v_heads * v_dim) // (2 * k_dim)
     device, dtype = cache.temporal.device, linear_prefill_activation_dtype(linear)
-    lens = (3, 70)  # one short request, one over a 64-token chunk
-    tokens = sum(lens)
+    few = (3, 70)  # one short request, one over a 64-token chunk
+    many = (3,) * (_plain_kernel_sequences(num_v_heads, device) - 1) + (70,)
+    for lens in (few, many):
+        tokens = sum(lens)
+        cu_seqlens = torch.tensor(
+            [0, *itertools.accumulate(lens)], device=device, dtype=torch.int32
+        )
 
-    def randn(*shape):
-        return torch.randn(1, tokens, *shape, device=device, dtype=dtype) * 0.1
+        def randn(*shape):
+            return torch.randn(1, tokens, *shape, device=device, dtype=dtype) * 0.1
 
-    linear.kernel_dispatcher.extend_kernel.extend(
-        randn(num_k_heads, k_dim),
-        randn(num_k_heads, k_dim),
-        randn(num_v_heads, v_dim),
-        -torch.rand(1, tokens, num_v_heads, device=device, dtype=torch.float32),
-        torch.rand(1, tokens, num_v_heads, device=device, dtype=dtype),
-        ssm_states=torch.zeros(
-            (len(lens), num_v_heads, v_dim, k_dim),
-            device=device,
-            dtype=cache.temporal.dtype,
-        ),
-        cache_indices=torch.arange(len(lens), device=device, dtype=torch.int32),
-        query_start_loc=torch.tensor(
-            [0, lens[0], tokens], device=device, dtype=torch.int32
-        ),
-    )
+        for snapshots in (False, True):
+            checkpoints = {}
+            if snapshots:  # every 64 tokens, as a prefix-cache tracking batch
+                checkpoints = dict(
+                    state_checkpoint_cu_starts=flashinfer_checkpoint_starts(cu_seqlens),
+                    num_state_checkpoints=sum(n // CHUNK_SIZE for n in lens),
+                    state_checkpoint_every_n_tokens=CHUNK_SIZE,
+                )
+            linear.kernel_dispatcher.extend_kernel.extend(
+                randn(num_k_heads, k_dim),
+                randn(num_k_heads, k_dim),
+                randn(num_v_heads, v_dim),
+                -torch.rand(1, tokens, num_v_heads, device=device, dtype=torch.float32),
+                torch.rand(1, tokens, num_v_heads, device=device, dtype=dtype),
+                ssm_states=torch.zeros(
+                    (len(lens), num_v_heads, v_dim, k_dim),
+                    device=device,
+                    dtype=cache.temporal.dtype,
+                ),
+                cache_indices=torch.arange(len(lens), device=device, dtype=torch.int32),
+                query_start_loc=cu_seqlens,
+                **checkpoints,
+            )
+
+
+def _plain_kernel_sequences(num_v_heads: int, device, most: int = 64) -> int:
+    """The fewest sequences for which FlashInfer's GDN prefill takes its plain
+    (not context-parallel) kernel on this GPU (at least 4); ``most`` where its
+    rule cannot be asked."""
+    try:
+        from flashinfer.gdn_kernels.delta_rule_dsl.varlen_helper import (
+            should_use_cp_host,
+        )
+        from flashinfer.utils import (
+            get_compute_capability,
+            get_device_name,
+            get_device_sm_count,
+        )
+
+        sms, name = get_device_sm_count(device), get_device_name(device)
+        capability = get_compute_capability(device)
+    except Exception:  # no CUDA device, or another flashinfer
+        return most
+    for num_seqs in range(4, most):
+        if not should_use_cp_host(
+            num_seqs * num_v_heads, sms, name, device_capability=capability
+        ):
+            return num_seqs
+    return most
 
 
 def linear_prefill_activation_dtype(linear) -> torch.dtype:
