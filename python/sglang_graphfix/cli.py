@@ -664,6 +664,7 @@ def render(
         resolved_view,
         resolving_view,
     )
+    from sglang.srt.model_executor.cuda_graph_config import Backend
     from sglang_graphfix.srt.full_prefill_graph_capability import (
         full_prefill_graph_support,
     )
@@ -722,9 +723,17 @@ def render(
         ]
     else:
         graph = resolving_view(args).cuda_graph_config
+        slots = ""
+        if graph.prefill.backend == Backend.FULL:
+            chunk = resolving_view(args).chunked_prefill_size
+            slots = ", request slots " + (
+                str(graph.prefill.full_prefill_max_req)
+                if graph.prefill.full_prefill_max_req is not None
+                else f"{max((chunk or 0) // 512, 1)} (sglang's rule)"
+            )
         lines.append(
             f"  prefill CUDA graph  {graph.prefill.backend:<9} "
-            f"token buckets {_buckets(graph.prefill.bs or [])}"
+            f"token buckets {_buckets(graph.prefill.bs or [])}{slots}"
         )
         lines.append(
             f"  decode CUDA graph   {graph.decode.backend:<9} "

@@ -1,5 +1,5 @@
 """The batches a full prefill CUDA graph cannot take (here: more requests than
-full_prefill_max_req=1, as chunked_prefill_size=512 resolves it) run eager on
+full_prefill_max_req=1, set here) run eager on
 sglang's default kernels -- on an H200 the FlashInfer GDN prefill that sglang
 picks for head dim 128 -- while batches the graph takes replay it (tiny random
 Qwen3-Next, real sglang.Engine).

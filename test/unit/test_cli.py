@@ -102,6 +102,7 @@ def test_demo_full_prefill_graph_on_qwen3_next(capsys, plugin_on):
     assert "plan (with sglang-graphfix)" in out
     assert (
         "prefill CUDA graph  full" in out
+        and "request slots 16 (sglang's rule)" in out
         and "full prefill graph  can capture here" in out
     )
 

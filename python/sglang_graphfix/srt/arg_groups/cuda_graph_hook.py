@@ -9,8 +9,9 @@ full-attention backend cannot capture a plain extend therefore reaches graph
 capture and dies there: ``IndexError`` in ``HybridLinearAttnBackend._replay_metadata``,
 or ``ValueError: Invalid forward mode EXTEND for CUDA Graph replay`` (triton).
 
-The capability model (``..full_prefill_graph_capability``) decides; the one hook
-below applies it once every setting it reads has resolved.
+The capability model (``..full_prefill_graph_capability``) decides; a hook
+applies it once every setting it reads has resolved, and another gives a hybrid
+model's full graph enough request slots for multi-request prefill batches.
 """
 
 from __future__ import annotations
@@ -225,3 +226,66 @@ def judge_prefill_graph_on_final_settings(original, server_args: Any):
         and breakable_prefill_graph_rejection(server_args) == KDA_BREAKABLE_RULE
     ):
         raise ValueError(_kda_breakable_error(server_args))
+
+
+# The fewest request slots a hybrid model's full prefill graph gets when the user
+# sets none (issue 13: 8 slots kept 8 x 64-token batches on the graph at
+# chunked_prefill_size 512, 1.7x faster than breakable, and one 16-token prompt
+# 2x faster than breakable, on a Qwen3-Next layout).
+HYBRID_FULL_PREFILL_MIN_REQ = 8
+
+
+# What:    Wraps finalize_cuda_graph_prefill_max_context: a full prefill graph on
+#          a hybrid linear-attention model gets at least
+#          HYBRID_FULL_PREFILL_MIN_REQ request slots when the user set no
+#          full_prefill_max_req.
+# Why:     sglang sizes the slots at capture as max(chunked_prefill_size // 512,
+#          1): one at chunked_prefill_size 512 (a setting users lower for
+#          latency), so every prefill batch of two or more requests ran eager,
+#          slower than under sglang's default breakable graph (issue 13).
+# How:     After upstream (and the capability judgement): on a full prefill graph
+#          that captures the model's linear attention, with no slot count set and
+#          sglang's rule below the minimum, declare the minimum in sglang's
+#          resolution record (capture still caps it at the request pool) and say
+#          so once at INFO, naming the setting. Models without linear attention
+#          keep upstream's rule.
+# Upstream: sglang/srt/arg_groups/cuda_graph_hook.py::finalize_cuda_graph_prefill_max_context
+#          (to propose: a floor in cuda_graph_setup's full_prefill_max_req default)
+# Removal: once upstream's default keeps multi-request prefill batches on the graph.
+def hybrid_full_prefill_request_slots(original, server_args: Any):
+    original(server_args)
+    cfg = resolving_view(server_args)
+    graph_config = cfg.cuda_graph_config
+    if (
+        graph_config is None
+        or graph_config.prefill.backend != Backend.FULL
+        or graph_config.prefill.full_prefill_max_req is not None
+    ):
+        return
+    support = full_prefill_graph_support(server_args)
+    if support.linear_attention is None or not support.capable:
+        return
+    chunk = cfg.chunked_prefill_size
+    upstream_slots = max((chunk or 0) // 512, 1)
+    if upstream_slots >= HYBRID_FULL_PREFILL_MIN_REQ:
+        return
+    declare_resolution(
+        server_args,
+        "_hybrid_full_prefill_request_slots",
+        cuda_graph_config=with_phase(
+            graph_config,
+            Phase.PREFILL,
+            full_prefill_max_req=HYBRID_FULL_PREFILL_MIN_REQ,
+        ),
+    )
+    logger.info(
+        "Full prefill CUDA graph on %s linear attention: %d request slots per "
+        "captured batch (sglang's rule, chunked_prefill_size %s // 512, gives %d, "
+        "which sends every prefill batch of more requests eager). Set "
+        '--cuda-graph-config \'{"prefill": {"backend": "full", '
+        '"full_prefill_max_req": N}}\' to choose.',
+        support.linear_attention,
+        HYBRID_FULL_PREFILL_MIN_REQ,
+        chunk,
+        upstream_slots,
+    )

@@ -478,3 +478,53 @@ def test_llama_full_graph_on_triton_is_refused_where_upstream_fails_at_capture(
             plan=None, bs=1, req_pool_indices=None, seq_lens=None,
             forward_mode=ForwardMode.EXTEND, spec_info=None,
         )  # fmt: skip
+
+
+# ---- request slots of a hybrid model's full prefill graph ----
+
+
+def _slots(args):
+    return resolving_view(args).cuda_graph_config.prefill.full_prefill_max_req
+
+
+@pytest.mark.parametrize(
+    "family, flags, slots",
+    [
+        # sglang's rule gives chunked_prefill_size // 512 = 1: raised to 8
+        ("qwen3_next", {"chunked_prefill_size": 512}, 8),
+        ("kimi_linear", {"chunked_prefill_size": 2048, "attention_backend": "fa3"}, 8),
+        # the rule already gives 8 or more (16 at the H200 default chunking): upstream
+        ("qwen3_next", {"chunked_prefill_size": 4096}, None),
+        ("qwen3_next", {}, None),
+        # the user's own slot count, and models without linear attention: upstream
+        ("qwen3_next", {"chunked_prefill_size": 512, "full_prefill_max_req": 1}, 1),
+        ("llama", {"chunked_prefill_size": 512}, None),
+    ],
+)
+def test_hybrid_full_prefill_graph_gets_request_slots(
+    model_dirs, caplog, family, flags, slots
+):
+    """Through sglang's resolution: a hybrid model's full prefill graph without a
+    slot count set gets 8 where sglang's capture-time rule would give fewer, and
+    the INFO line names the setting; nothing else changes."""
+    flags = dict(flags)
+    prefill = {"backend": "full"}
+    if "full_prefill_max_req" in flags:
+        prefill["full_prefill_max_req"] = flags.pop("full_prefill_max_req")
+    with caplog.at_level(logging.INFO, logger=OURS):
+        args = resolve(
+            model_dirs, family, cuda_graph_config={"prefill": prefill}, **flags
+        )
+    assert prefill_backend(args) == Backend.FULL
+    assert _slots(args) == slots
+    said = [r.getMessage() for r in caplog.records if "request slots" in r.getMessage()]
+    if family != "llama" and slots == 8:
+        (line,) = said
+        assert "8 request slots" in line and '"full_prefill_max_req": N' in line
+    else:
+        assert not said
+
+
+def test_breakable_graph_keeps_sglangs_slots(model_dirs):
+    args = resolve(model_dirs, "qwen3_next", chunked_prefill_size=512)
+    assert prefill_backend(args) == Backend.BREAKABLE and _slots(args) is None
