@@ -16,6 +16,7 @@ Models:
     python3 benchmark/prefill_graph_latency.py [--models tiny,qwen3-next] [--quick]
     python3 benchmark/prefill_graph_latency.py --plot   # PNG from the committed JSON (CPU)
     python3 benchmark/prefill_graph_latency.py --models tiny --profile
+    python3 benchmark/prefill_graph_latency.py --models qwen3-next-80b-fp8 --profile
 
 Writes $OUT/prefill_graph_latency.json, else benchmark/results/prefill_graph_latency.json.
 
@@ -62,6 +63,8 @@ PREFILL = {
 LAYERS = 8  # of Qwen3-Next's 48: 6 GDN + 2 attention (time budget on one H200)
 PROFILE = "prefill_graph_profile.json"
 PROFILE_SHAPES = ((64, 1), (256, 8))  # (prompt tokens, batch size)
+# The served model's: the serving benchmark's bursts.
+SERVED_SHAPES = ((16, 1), (256, 1), (256, 4), (64, 8))
 PROFILE_SKIP, PROFILE_COUNT = 10, 10  # forwards per shape: skipped, then profiled
 PROFILE_BACKENDS = ("full", "breakable")
 
@@ -75,6 +78,12 @@ def qwen3_next_dims(path: Path) -> str:
 
 
 def _engine_kwargs(model: dict, prefill: dict) -> dict:
+    if model.get("served"):  # sglang's defaults but the prefill graph backend
+        return {
+            **model["kwargs"],
+            "disable_radix_cache": True,
+            "cuda_graph_config": {"prefill": {"backend": prefill["backend"]}},
+        }
     return {
         **model["kwargs"],
         "attention_backend": "flashinfer",
@@ -162,6 +171,20 @@ def _specs() -> dict:
                 "max_mamba_cache_size": 64,
             },
         },
+        "qwen3-next-80b-fp8": lambda: {
+            "description": "Qwen3-Next-80B-A3B's published dimensions, 48 layers, FP8 "
+            "blocks as the published checkpoint, dummy weights, served with sglang's "
+            "defaults as benchmark/serving_prefill_graph.py serves it (attention and "
+            "GDN prefill kernels, chunking, buckets, request slots)",
+            "served": True,
+            "shapes": SERVED_SHAPES,
+            "kwargs": {
+                "model_path": _qwen3_next_80b_fp8(),
+                "load_format": "dummy",
+                "mem_fraction_static": 0.85,
+                "context_length": 20480,
+            },
+        },
         "qwen3-next": lambda: {
             "description": f"Qwen3-Next-80B-A3B layer dimensions, first {LAYERS} of 48 layers (6 GDN + 2 attention), dummy weights",
             "kwargs": {
@@ -186,8 +209,9 @@ def profile_backend(model: dict, prefill: dict) -> dict:
     from models import prompts
 
     work = Path(tempfile.mkdtemp(prefix="graphfix-profile"))
+    shapes = model.get("shapes", PROFILE_SHAPES)
     batches = []
-    for length, bs in PROFILE_SHAPES:
+    for length, bs in shapes:
         batch = {
             "input_ids": prompts(length * 10 + bs, [length] * bs),
             "max_new_tokens": 1,
@@ -206,7 +230,7 @@ def profile_backend(model: dict, prefill: dict) -> dict:
     profiled = read_profiles(work / "profile")
     windows = {(w["batch_size"], w["tokens"]): w for w in profiled["windows"]}
     report = {}
-    for length, bs in PROFILE_SHAPES:
+    for length, bs in shapes:
         window = windows.get((bs, bs * length)) or {
             "error": f"no profiled forward of batch size {bs} x {bs * length} tokens "
             f"(profiled: {sorted(windows)}; requests split across forwards?)"
@@ -259,6 +283,14 @@ def _profile_line(name: str, backend: str, shape: str, w: dict) -> str:
         f"{w['host_ops_ms']} ms, graph {w['graph_forwards']}/{w['forwards_profiled']}; "
         f"markers ms: {markers}"
     )
+
+
+def _qwen3_next_80b_fp8() -> str:
+    from serving_prefill_graph import qwen3_next_80b_a3b_fp8
+
+    path = Path(tempfile.mkdtemp(prefix="qwen3_next_80b_fp8"))
+    qwen3_next_80b_a3b_fp8(path)
+    return str(path)
 
 
 def _tiny() -> str:
