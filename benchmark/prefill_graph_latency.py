@@ -173,9 +173,11 @@ def _specs() -> dict:
         },
         "qwen3-next-80b-fp8": lambda: {
             "description": "Qwen3-Next-80B-A3B's published dimensions, 48 layers, FP8 "
-            "blocks as the published checkpoint, dummy weights, served with sglang's "
-            "defaults as benchmark/serving_prefill_graph.py serves it (attention and "
-            "GDN prefill kernels, chunking, buckets, request slots)",
+            "blocks as the published checkpoint, dummy weights, with sglang's defaults "
+            "(attention and GDN prefill kernels, chunking, buckets, request slots) as "
+            "benchmark/serving_prefill_graph.py serves it, but the radix cache off "
+            "(repeated prompts; no prefix-cache state tracking); run it with "
+            "SGLANG_ENABLE_JIT_DEEPGEMM=0 as the serving runs are",
             "served": True,
             "shapes": SERVED_SHAPES,
             "kwargs": {

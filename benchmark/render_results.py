@@ -383,10 +383,10 @@ def plugin_and_fallback() -> list:
 def gdn_prefill_accuracy() -> list:
     """The GDN extend captured with FlashInfer's prefill (as shipped on SM90) and
     with Triton: per kernel against sglang's eager extend, and per engine against
-    eager on the same kernels and an fp32 reference (results/gpu/gdn_prefill_accuracy/;
+    eager on the same kernels and an fp32 reference (results/gpu/gdn_prefill_accuracy_2026-12-01/;
     the earlier run with NaN, before the rows past the batch were zeroed:
     results/gpu/flashinfer_gdn_capture/)."""
-    folder = "gpu/gdn_prefill_accuracy/"
+    folder = "gpu/gdn_prefill_accuracy_2026-12-01/"
     rows = [
         "",
         "GDN prefill kernels in the full prefill graph (H200; FlashInfer's is captured "

@@ -23,8 +23,10 @@ straight from sglang.benchmark.serving's JSONL, and how many prefill batches ran
 a CUDA graph or eager (sglang's per-batch log line); per mode: time to ready, the
 prefill-graph capture time and memory and the weight / KV sizes, from the
 server's log. Every run draws its own prompts (its own --seed) on an empty radix
-cache (/flush_cache); each server first runs one warm-up per workload (WARMUP,
-other prompts, not reported), so kernels built on first use are not timed.
+cache (/flush_cache, and again after sglang.benchmark.serving's own warm-up
+requests: --flush-cache); each server first runs one warm-up per workload
+(WARMUP, other prompts, not reported), so kernels built on first use are not
+timed.
 
     python3 benchmark/serving_prefill_graph.py [--model qwen3-next-80b-a3b-fp8]
         [--modes disabled,breakable,full] [--workloads chat,burst,long] [--quick]
@@ -180,9 +182,11 @@ LOG_FACTS = {
 
 
 # sglang_graphfix.register()'s start-up line in every server process.
-GRAPHFIX_LINE = "sglang-graphfix 0.1.0: applied"
+GRAPHFIX_LINE = re.compile(r"sglang-graphfix [\w.]+: applied \d+ patches")
 # sglang's scheduler logs every prefill batch, and whether it ran a CUDA graph.
-PREFILL_BATCH = re.compile(r"Prefill batch, #new-seq: (\d+),.*cuda graph: (True|False)")
+PREFILL_BATCH = re.compile(
+    r"Prefill batch(?: \[\d+\])?, #new-seq: (\d+),.*cuda graph: (True|False)"
+)
 
 
 def prefill_batches(log: str) -> dict:
@@ -204,7 +208,8 @@ def log_facts(log: str) -> dict:
         found = re.findall(pattern, log)
         facts[key] = float(found[-1]) if found else None
     facts["graphfix_line"] = next(
-        (line.strip() for line in log.splitlines() if GRAPHFIX_LINE in line), None
+        (line.strip() for line in log.splitlines() if GRAPHFIX_LINE.search(line)),
+        None,
     )
     # sglang-graphfix's routing rule and its per-path prefill batch counts
     # (prefill_cuda_graph_runner: the first eager batch of each reason).
@@ -263,7 +268,8 @@ def bench(
         "--random-input-len", str(inp), "--random-output-len", str(outp),
         "--random-range-ratio", str(ratio), "--num-prompts", str(prompts),
         "--request-rate", "inf" if math.isinf(rate) else str(rate),
-        "--seed", str(run_seed(label, warmup)), "--warmup-requests", "4", "--disable-tqdm",
+        "--seed", str(run_seed(label, warmup)), "--warmup-requests", "4", "--flush-cache",
+        "--disable-tqdm",
         "--output-file", str(jsonl),
     ] + (["--max-concurrency", str(conc)] if conc else [])  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -354,8 +360,11 @@ def recover(folder: Path) -> dict:
         if "_warmup_" in path.name:
             continue
         row = json.loads(path.read_text().splitlines()[-1])
+        label = workload_of(row)
+        if label is None:  # a workload this version of the script does not run
+            continue
         mode = row["server_info"]["cuda_graph_backend_prefill"]
-        found.setdefault(mode, {})[workload_of(row)] = {k: row.get(k) for k in KEEP}
+        found.setdefault(mode, {})[label] = {k: row.get(k) for k in KEEP}
     for mode in MODES:
         if mode not in found:
             continue

@@ -665,6 +665,9 @@ def render(
         resolving_view,
     )
     from sglang.srt.model_executor.cuda_graph_config import Backend
+    from sglang_graphfix.srt.arg_groups.cuda_graph_hook import (
+        sglang_full_prefill_slots,
+    )
     from sglang_graphfix.srt.full_prefill_graph_capability import (
         full_prefill_graph_support,
     )
@@ -729,7 +732,7 @@ def render(
             slots = ", request slots " + (
                 str(graph.prefill.full_prefill_max_req)
                 if graph.prefill.full_prefill_max_req is not None
-                else f"{max((chunk or 0) // 512, 1)} (sglang's rule)"
+                else f"{sglang_full_prefill_slots(chunk)} (sglang's rule)"
             )
         lines.append(
             f"  prefill CUDA graph  {graph.prefill.backend:<9} "

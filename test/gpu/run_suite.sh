@@ -17,7 +17,7 @@ for arg in "$@"; do
     name="${name}_$(echo "$select" | tr -c 'A-Za-z0-9_\n' _)"
   fi
   OUT="$out/json" timeout "${SUITE_TIMEOUT:-560}" \
-    python3 -m pytest "$module" "${kargs[@]}" -q -rA -p no:cacheprovider ${PYTEST_ARGS:-} >"$out/logs/$name.log" 2>&1 &
+    python3 -m pytest "$module" ${kargs[@]+"${kargs[@]}"} -q -rA -p no:cacheprovider ${PYTEST_ARGS:-} >"$out/logs/$name.log" 2>&1 &
   pids+=($!)
 done
 rc=0

@@ -74,7 +74,8 @@ def test_default_plan_on_the_sample_qwen3_next(capsys, plugin_on):
     assert (
         "Qwen3NextForCausalLM" in out
         and "linear attention GDN (prefill kernel flashinfer where sglang picks it "
-        "on SM90, else triton)" in out
+        "on SM90, else triton)"
+        in out
     )
     assert "attention  prefill fa3, decode fa3" in out
     runs = "runs: prefill CUDA graph breakable, decode CUDA graph full"

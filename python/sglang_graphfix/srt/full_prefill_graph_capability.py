@@ -130,14 +130,17 @@ class LinearFamily:
 
 # THE switch for GDN's FlashInfer prefill inside a full prefill graph: the
 # compute capability on which the captured GDN extend runs it (sglang's default
-# there) instead of the Triton chunk kernels; None: Triton everywhere. SM90: on an
-# H200 (benchmark/results/gpu/gdn_prefill_accuracy/) the captured kernel equals
-# sglang's eager FlashInfer extend (outputs bit for bit, finite past the batch)
-# and a hidden-1024 Qwen3-Next engine gives sglang's default eager first-token
-# logprobs at 1-513 tokens (equal at 7 of 11 lengths, within 0.016 -- one bf16
-# step of a logit in [2, 4) -- at the others), where the Triton kernels move them
-# by up to 0.09 against fp32. Blackwell (SM100, FlashInfer's state-pool variant)
-# is not validated.
+# there) instead of the Triton chunk kernels; None: Triton everywhere. SM90, on an
+# H200 (benchmark/results/gpu/gdn_prefill_accuracy_2026-12-01/): the captured
+# kernel's output equals sglang's eager FlashInfer extend, except where the
+# graph's request slots send FlashInfer to its plain kernel and a batch of few
+# sequences sends eager to its context-parallel one (2.4e-4); finite past the
+# batch. A hidden-1024 Qwen3-Next engine's first-token logprob equals sglang's
+# default eager at 7 of 11 prompt lengths (1-513 tokens) and is within 0.016 at
+# the others (top-20: 0.023; at 200 tokens 0.035 from fp32 against the
+# default's 0.019). Triton's was 0.06-0.17 closer to fp32 than the default's
+# at 4-65 tokens and 0.06-0.07 further at 200 and 513. Blackwell (SM100,
+# FlashInfer's state-pool variant) is not validated.
 FLASHINFER_GDN_CAPTURE_SM: int | None = 90
 
 

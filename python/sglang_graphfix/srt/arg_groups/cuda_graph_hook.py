@@ -229,26 +229,37 @@ def judge_prefill_graph_on_final_settings(original, server_args: Any):
 
 
 # The fewest request slots a hybrid model's full prefill graph gets when the user
-# sets none (issue 13: 8 slots kept 8 x 64-token batches on the graph at
-# chunked_prefill_size 512, 1.7x faster than breakable, and one 16-token prompt
-# 2x faster than breakable, on a Qwen3-Next layout).
+# sets none. Issue 13, on a Qwen3-Next layout at chunked_prefill_size 512: with 8
+# slots 8 x 64-token batches replayed the graph, 1.7x faster than breakable; a
+# lone 16-token prompt paid the padding (11.4 instead of 8.6 ms with one slot) and
+# stayed 2x faster than breakable.
 HYBRID_FULL_PREFILL_MIN_REQ = 8
 
 
+def sglang_full_prefill_slots(chunked_prefill_size: int | None) -> int:
+    """The request slots sglang gives a full prefill graph when none is set
+    (cuda_graph_setup at capture, before its cap at the request pool)."""
+    return max((chunked_prefill_size or 0) // 512, 1)
+
+
 # What:    Wraps finalize_cuda_graph_prefill_max_context: a full prefill graph on
-#          a hybrid linear-attention model gets at least
-#          HYBRID_FULL_PREFILL_MIN_REQ request slots when the user set no
-#          full_prefill_max_req.
+#          a hybrid linear-attention model gets up to HYBRID_FULL_PREFILL_MIN_REQ
+#          request slots when the user set no full_prefill_max_req.
 # Why:     sglang sizes the slots at capture as max(chunked_prefill_size // 512,
 #          1): one at chunked_prefill_size 512 (a setting users lower for
 #          latency), so every prefill batch of two or more requests ran eager,
-#          slower than under sglang's default breakable graph (issue 13).
-# How:     After upstream (and the capability judgement): on a full prefill graph
-#          that captures the model's linear attention, with no slot count set and
-#          sglang's rule below the minimum, declare the minimum in sglang's
-#          resolution record (capture still caps it at the request pool) and say
-#          so once at INFO, naming the setting. Models without linear attention
-#          keep upstream's rule.
+#          slower than under sglang's default breakable graph (issue 13). The
+#          cost: a batch of fewer requests replays padded to 8 slots (a lone
+#          short prompt some latency), and a PD prefill server with
+#          --max-mamba-cache-size and --prefill-max-requests <= 8 sizes its KV
+#          cache as upstream does when the user sets the slots (no reserve for
+#          eager prefill activations).
+# How:     After upstream (and the capability judgement, which has refused or
+#          downgraded what cannot capture): on a full prefill graph of a model
+#          with linear attention, no slot count set and sglang's rule below the
+#          floor, declare the floor in sglang's resolution record (capture still
+#          caps it at the request pool) and say so once at INFO, naming the
+#          setting. Models without linear attention keep upstream's rule.
 # Upstream: sglang/srt/arg_groups/cuda_graph_hook.py::finalize_cuda_graph_prefill_max_context
 #          (to propose: a floor in cuda_graph_setup's full_prefill_max_req default)
 # Removal: once upstream's default keeps multi-request prefill batches on the graph.
@@ -262,12 +273,9 @@ def hybrid_full_prefill_request_slots(original, server_args: Any):
         or graph_config.prefill.full_prefill_max_req is not None
     ):
         return
-    support = full_prefill_graph_support(server_args)
-    if support.linear_attention is None or not support.capable:
-        return
-    chunk = cfg.chunked_prefill_size
-    upstream_slots = max((chunk or 0) // 512, 1)
-    if upstream_slots >= HYBRID_FULL_PREFILL_MIN_REQ:
+    linear = full_prefill_graph_support(server_args).linear_attention
+    upstream_slots = sglang_full_prefill_slots(cfg.chunked_prefill_size)
+    if linear is None or upstream_slots >= HYBRID_FULL_PREFILL_MIN_REQ:
         return
     declare_resolution(
         server_args,
@@ -279,13 +287,13 @@ def hybrid_full_prefill_request_slots(original, server_args: Any):
         ),
     )
     logger.info(
-        "Full prefill CUDA graph on %s linear attention: %d request slots per "
+        "Full prefill CUDA graph on %s linear attention: up to %d request slots per "
         "captured batch (sglang's rule, chunked_prefill_size %s // 512, gives %d, "
-        "which sends every prefill batch of more requests eager). Set "
-        '--cuda-graph-config \'{"prefill": {"backend": "full", '
-        '"full_prefill_max_req": N}}\' to choose.',
-        support.linear_attention,
+        "which sends every prefill batch of more requests eager; fewer requests "
+        "replay padded to the slots). Set --cuda-graph-config "
+        '\'{"prefill": {"backend": "full", "full_prefill_max_req": N}}\' to choose.',
+        linear,
         HYBRID_FULL_PREFILL_MIN_REQ,
-        chunk,
+        cfg.chunked_prefill_size,
         upstream_slots,
     )

@@ -102,8 +102,8 @@ def init_linear_graph_state_for_prefill(runner, linear) -> None:
 # What:    Wraps PrefillCudaGraphRunner.capture: once a full prefill graph has
 #          captured, put the eager prefill of the batches it does not take on
 #          sglang's default kernels, warm them, and log the routing rule once.
-# Why:     A batch with more requests than full_prefill_max_req (1 at
-#          chunked_prefill_size 512), more tokens than the largest bucket, or a
+# Why:     A batch with more requests than full_prefill_max_req (sglang's
+#          chunked_prefill_size // 512), more tokens than the largest bucket, or a
 #          context above the graph's bound runs eager -- and ran eager on the
 #          Triton GDN kernel that the full graph kept for the whole process,
 #          JIT-compiling it on the first such user request ("took 2.26 s to
@@ -140,7 +140,7 @@ def route_full_prefill_fallback(original, self):
         "or tokens, contexts above the graph's bound, logprobs, LoRA, multimodal "
         "or speculative inputs the graph cannot take) run eager on %s. Raise the "
         'request cap with --cuda-graph-config \'{"prefill": '
-        '{"full_prefill_max_req": N}}\'.',
+        '{"backend": "full", "full_prefill_max_req": N}}\'.',
         self._capture_req_slots,
         self.max_num_tokens,
         list(self.capture_num_tokens),

@@ -236,17 +236,17 @@ def test_eager_gdn_prefill_returns_to_sglangs_default_after_capture(
     assert isinstance(dispatcher.verify_kernel, TritonGDNKernel)
     assert gdn.linear_attn_backends.prefill.is_flashinfer()
     assert model_runner.linear_attn_backends is gdn.linear_attn_backends
-    # warmed at startup, on this rank's heads and a scratch state: two requests
+    # warmed at startup, on this rank's heads and a scratch state: one request
     # and (no CUDA device to ask flashinfer's rule) 64, both without and with
     # prefix-cache snapshots every 64 tokens (the 70-token request has one)
-    few = ((1, 73, 2, 128), (1, 73, 2, 128), (1, 73, 4, 128), (1, 73, 4))
-    few += ((2, 4, 128, 128), [0, 3, 73])
+    few = ((1, 70, 2, 128), (1, 70, 2, 128), (1, 70, 4, 128), (1, 70, 4))
+    few += ((1, 4, 128, 128), [0, 70])
     many_tokens = 63 * 3 + 70
     many = tuple((1, many_tokens, *s) for s in ((2, 128), (2, 128), (4, 128), (4,)))
     many += ((64, 4, 128, 128), [3 * i for i in range(64)] + [many_tokens])
     assert flashinfer_on_cpu.calls == [
         (*few, None, 0, 0),
-        (*few, [0, 0, 1], 1, 64),
+        (*few, [0, 1], 1, 64),
         (*many, None, 0, 0),
         (*many, [0] * 64 + [1], 1, 64),
     ]

@@ -338,15 +338,16 @@ def warm_eager_gdn_prefill(linear) -> None:
     (on a fresh H200 such a batch waited 7 s). FlashInfer's GDN prefill picks a
     context-parallel kernel for few sequences and its plain one for many
     (flashinfer's should_use_cp_host), each with and without the prefix-cache
-    snapshots: a batch of two requests and one of many, each both ways. This
+    snapshots: a batch of one request and one of many, each both ways. This
     rank's head layout; touches no pool slot."""
     cache = linear.req_to_token_pool.mamba_pool.mamba_cache
     num_v_heads, v_dim, k_dim = cache.temporal.shape[-3:]
     conv_dim = linear.conv_states_shape[-2]  # q + k + v channels
     num_k_heads = (conv_dim - num_v_heads * v_dim) // (2 * k_dim)
     device, dtype = cache.temporal.device, linear_prefill_activation_dtype(linear)
-    few = (3, 70)  # one short request, one over a 64-token chunk
-    many = (3,) * (_plain_kernel_sequences(num_v_heads, device) - 1) + (70,)
+    few = (70,)  # one request over a 64-token chunk
+    heads = max(num_k_heads, num_v_heads)  # flashinfer's parallel work per sequence
+    many = (3,) * (_plain_kernel_sequences(heads, device) - 1) + (70,)
     for lens in (few, many):
         tokens = sum(lens)
         cu_seqlens = torch.tensor(
@@ -381,10 +382,10 @@ def warm_eager_gdn_prefill(linear) -> None:
             )
 
 
-def _plain_kernel_sequences(num_v_heads: int, device, most: int = 64) -> int:
-    """The fewest sequences for which FlashInfer's GDN prefill takes its plain
-    (not context-parallel) kernel on this GPU (at least 4); ``most`` where its
-    rule cannot be asked."""
+def _plain_kernel_sequences(heads: int, device, most: int = 64) -> int:
+    """The fewest sequences (at least 4) for which FlashInfer's GDN prefill takes
+    its plain, not context-parallel, kernel on this GPU; ``most`` where its rule
+    cannot be asked or picks the plain kernel for none below it."""
     try:
         from flashinfer.gdn_kernels.delta_rule_dsl.varlen_helper import (
             should_use_cp_host,
@@ -401,7 +402,7 @@ def _plain_kernel_sequences(num_v_heads: int, device, most: int = 64) -> int:
         return most
     for num_seqs in range(4, most):
         if not should_use_cp_host(
-            num_seqs * num_v_heads, sms, name, device_capability=capability
+            num_seqs * heads, sms, name, device_capability=capability
         ):
             return num_seqs
     return most
