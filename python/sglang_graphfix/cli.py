@@ -167,8 +167,9 @@ class Plan:
 
 def _decisions(server_args) -> list[tuple[str, str]]:
     """sglang's resolution record (``_resolved_overrides``): each declaration that
-    changed a CUDA-graph backend or an attention backend, in order."""
-    out, graph = [], (None, None)
+    changed a CUDA-graph backend, the full prefill graph's request slots or an
+    attention backend, in order."""
+    out, graph, slots = [], (None, None), None
     for source, fields in getattr(server_args, "_resolved_overrides", ()):
         parts = []
         config = fields.get("cuda_graph_config")
@@ -177,6 +178,9 @@ def _decisions(server_args) -> list[tuple[str, str]]:
             if now != graph:
                 parts.append(f"prefill graph {now[0]}, decode graph {now[1]}")
             graph = now
+            if config.prefill.full_prefill_max_req != slots:
+                slots = config.prefill.full_prefill_max_req
+                parts.append(f"full_prefill_max_req={slots}")
         parts += [f"{k}={fields[k]}" for k in _PLAN_FIELDS if k in fields]
         if parts:
             out.append((source, "; ".join(parts)))

@@ -521,6 +521,8 @@ def test_hybrid_full_prefill_graph_gets_request_slots(
     if family != "llama" and slots == 8:
         (line,) = said
         assert "8 request slots" in line and '"full_prefill_max_req": N' in line
+        source, _ = args._resolved_overrides[-1]
+        assert source == "_hybrid_full_prefill_request_slots"
     else:
         assert not said
 
