@@ -71,8 +71,10 @@ from sglang.srt.runtime_context import (
 # refuse a full prefill graph on KDA models again.
 KDA_FULL_PREFILL_GRAPH = True
 
-# Mamba2 (NemotronH, Falcon-H1, GraniteMoeHybrid, Mamba2) under a full prefill
-# graph: upstream's MambaMixer2 extend on static per-bucket metadata
+# Mamba2 (Falcon-H1, NemotronH of Mamba2 and attention layers; sglang itself
+# captures no prefill graph for GraniteMoeHybrid, NemotronH with MLP/MoE layers
+# or pure Mamba2, see _LAYER_SCAN) under a full prefill graph: upstream's
+# MambaMixer2 extend on static per-bucket metadata
 # (..layers.attention.mamba.mamba2_prefill_graph), wired in by
 # ..layers.attention.hybrid_linear_attn_backend. THE switch for Mamba2; off
 # until a GPU session has run docs/mamba2_full_prefill_graph.md's checks:
