@@ -405,8 +405,28 @@ def _graph_backends(server_args) -> tuple[str, str]:
     return graph.prefill.backend, graph.decode.backend
 
 
+def _prefill_graph_turned_off(server_args) -> str | None:
+    """Why sglang turns the resolved prefill graph off at startup for this model
+    (capture_prefill_graph's layer scan), None when it does not."""
+    from sglang.srt.arg_groups.overrides import model_config_of
+    from sglang_graphfix.srt.full_prefill_graph_capability import (
+        device_sm,
+        prefill_graph_turned_off,
+    )
+
+    prefill, _ = _graph_backends(server_args)
+    return prefill_graph_turned_off(model_config_of(server_args), prefill, device_sm())
+
+
 def _runs(server_args) -> Outcome:
     prefill, decode = _graph_backends(server_args)
+    off = _prefill_graph_turned_off(server_args)
+    if off:
+        return Outcome(
+            True,
+            f"runs: every prefill eager (sglang turns the {prefill} prefill CUDA "
+            f"graph off at startup: {off}), decode CUDA graph {decode}",
+        )
     return Outcome(
         True, f"runs: prefill CUDA graph {prefill}, decode CUDA graph {decode}"
     )
@@ -594,6 +614,8 @@ def upstream_outcome(plan: Plan) -> Outcome:
     capture or load failure its resolved arguments lead to, else it runs."""
     if plan.error is not None:
         return _refuses(plan.error)
+    if _prefill_graph_turned_off(plan.server_args):
+        return _runs(plan.server_args)  # no prefill graph captured, none fails
     failure = upstream_full_prefill_graph_failure(
         plan.server_args
     ) or _dsa_lora_upstream_failure(plan.server_args)

@@ -150,24 +150,34 @@ def qwen3_next_1024(path: Path) -> str:
 # feed_forward}"; GraniteMoeHybrid's input_linear/output_linear experts).
 
 
+NEMOTRON_H_PATTERN = "M*M"
+
+
 def tiny_nemotron_h(path: Path) -> str:
-    """NemotronH "M-M*-": Mamba2, MLP, Mamba2, attention, MLP (sglang accepts
-    M, *, -, E). Mamba2 with 8 heads of 32, one group, state 16. Weights from
+    """NemotronH "M*M": Mamba2, attention, Mamba2. No MLP ('-') or MoE ('E')
+    layer: sglang's prefill graph setup finds no attention module in those and
+    captures no prefill graph at all (full_prefill_graph_capability's layer
+    scan). Mamba2 with 8 heads of 32, one group, state 16. Weights from
     transformers' NemotronHForCausalLM; config.json from sglang's NemotronHConfig
     (transformers 5.19 writes layer types "linear_attention" / "full_attention",
     which sglang's config rejects), with mamba_n_groups = n_groups: sglang's
-    mixer reads mamba_n_groups (default 8), its cache shape n_groups."""
+    mixer reads mamba_n_groups (default 8), its cache shape n_groups; and with
+    the weights' dtype: without one sglang's dtype "auto" serves float16 while
+    the Mamba2 conv state pool stays bfloat16 (SGLANG_MAMBA_CONV_DTYPE), and the
+    extend's conv snapshot fails ("Index put requires the source and destination
+    dtypes match")."""
     import transformers
     from tiny_configs import _nemotron_h
     from transformers import AutoModelForCausalLM
 
-    config = _nemotron_h(hybrid_override_pattern="M-M*-", mamba_n_groups=1)
+    config = _nemotron_h(hybrid_override_pattern=NEMOTRON_H_PATTERN, mamba_n_groups=1)
     config.architectures = ["NemotronHForCausalLM"]
+    config.dtype = torch.bfloat16
     hf = transformers.NemotronHConfig(
         vocab_size=config.vocab_size,
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
-        hybrid_override_pattern="M-M*-",
+        hybrid_override_pattern=NEMOTRON_H_PATTERN,
         num_attention_heads=config.num_attention_heads,
         num_key_value_heads=config.num_key_value_heads,
         head_dim=config.head_dim,
@@ -188,7 +198,14 @@ def tiny_falcon_h1(path: Path) -> str:
     """Falcon-H1 (tiny_configs' dimensions: 2 layers, each attention + Mamba2 in
     parallel, 8 Mamba2 heads of 32) in transformers' FalconH1Config, which
     FalconH1ForCausalLM needs (sglang's class lacks time_step_limit) and
-    sglang's loader reads; transformers' weights."""
+    sglang's loader reads; transformers' weights.
+
+    With the Mamba2 block's gated RMSNorm (mamba_rms_norm; gate before norm, the
+    only order sglang's MambaMixer2 has), as NemotronH's and Granite's mixers and
+    mamba_ssm's Mamba2 have it. Without it, transformers' init leaves the Mamba2
+    branch ~70x smaller than the attention branch (output norms 0.005 vs 0.35):
+    zeroing it moved greedy logprobs by < 0.02, under the tests' tolerance, so a
+    wrong Mamba2 state could not show (docs/mamba2_full_prefill_graph.md)."""
     import transformers
     from tiny_configs import FAMILIES
     from transformers import AutoModelForCausalLM
@@ -210,7 +227,9 @@ def tiny_falcon_h1(path: Path) -> str:
                 "mamba_n_groups",
                 "mamba_d_state",
             )
-        }
+        },
+        mamba_rms_norm=True,
+        mamba_norm_before_gate=False,
     )
     config.architectures = ["FalconH1ForCausalLM"]
     torch.manual_seed(0)

@@ -225,8 +225,12 @@ def test_model_path(tmp_path, capsys, plugin_on):
     )
     assert status == 1
     assert f"NemotronHForCausalLM  ({path})" in out
+    # tiny_configs' NemotronH "M*M-" has an MLP-only layer: sglang's prefill
+    # graph setup turns the graph off before any capture.
     assert outcomes(out)[UPSTREAM] == (
-        INDEX_ERROR + " (Mamba2/short-conv linear attention under a full prefill graph)"
+        "runs: every prefill eager (sglang turns the full prefill CUDA graph off at "
+        "startup: no attention module in NemotronH's MLP ('-') layers: 'some layers "
+        "do not apply Standard GQA'), decode CUDA graph full"
     )
     assert "Mamba2/short-conv linear attention has no capturable extend" in " ".join(
         out.split()
@@ -392,3 +396,26 @@ def test_upstream_plan_puts_the_hooks_back(monkeypatch):
     assert upstream.outcome.text.startswith(INDEX_ERROR)
     assert cli.resolve(argv).outcome.runs
     assert cli.resolve(argv, graphfix=False).outcome.text.startswith(INDEX_ERROR)
+
+
+@pytest.mark.parametrize("switch", [False, True])
+def test_granite_full_prefill_graph_in_both_mamba2_switch_states(
+    capsys, plugin_on, monkeypatch, switch
+):
+    """GraniteMoeHybrid: upstream runs every prefill eagerly (its prefill graph
+    setup finds no attention module in the Mamba2 layers); sglang-graphfix
+    refuses the explicit full graph, with the switch off as for the whole family,
+    with it on naming the layer scan."""
+    from sglang_graphfix.srt import full_prefill_graph_capability as capability
+
+    monkeypatch.setattr(capability, "MAMBA2_FULL_PREFILL_GRAPH", switch)
+    status, out = explain(
+        capsys, "--sample", "granite-moe-hybrid", "--cuda-graph-backend-prefill", "full"
+    )
+    assert status == 1
+    result = outcomes(out)
+    assert result[UPSTREAM].startswith("runs: every prefill eager")
+    assert "GraniteMoeHybrid's Mamba2 layers" in result[UPSTREAM]
+    assert result[GRAPHFIX].startswith("refuses at startup")
+    assert ("has no capturable extend" in result[GRAPHFIX]) == (not switch)
+    assert ("captures no prefill graph for this model" in result[GRAPHFIX]) == switch

@@ -23,10 +23,13 @@ from typing import Any
 
 from sglang.srt.configs import (
     FalconMambaConfig,
+    GraniteMoeHybridConfig,
     Lfm2Config,
     Lfm2MoeConfig,
     Lfm2VlConfig,
+    Mamba2Config,
     MambaConfig,
+    NemotronHConfig,
     ZayaConfig,
 )
 from sglang.srt.configs.hybrid_arch import (
@@ -68,8 +71,10 @@ from sglang.srt.runtime_context import (
 # refuse a full prefill graph on KDA models again.
 KDA_FULL_PREFILL_GRAPH = True
 
-# Mamba2 (NemotronH, Falcon-H1, GraniteMoeHybrid, Mamba2) under a full prefill
-# graph: upstream's MambaMixer2 extend on static per-bucket metadata
+# Mamba2 (Falcon-H1, NemotronH of Mamba2 and attention layers; sglang itself
+# captures no prefill graph for GraniteMoeHybrid, NemotronH with MLP/MoE layers
+# or pure Mamba2, see _LAYER_SCAN) under a full prefill graph: upstream's
+# MambaMixer2 extend on static per-bucket metadata
 # (..layers.attention.mamba.mamba2_prefill_graph), wired in by
 # ..layers.attention.hybrid_linear_attn_backend. THE switch for Mamba2; off
 # until a GPU session has run docs/mamba2_full_prefill_graph.md's checks:
@@ -102,6 +107,9 @@ class Settings:
     mixed_chunk: bool = False  # --enable-mixed-chunk
     speculative: bool = False  # --speculative-algorithm set
     two_batch_overlap: bool = False  # --enable-two-batch-overlap
+    # The layers sglang's prefill-graph setup finds no attention module in (a
+    # phrase, prefill_graph_layer_gap); None: none, or not known here.
+    layer_gap: str | None = None
 
 
 @dataclass(frozen=True)
@@ -271,6 +279,65 @@ def _mamba2_not_covered(what: str) -> str:
     )
 
 
+# sglang's capture_prefill_graph (model_runner_components/cuda_graph_setup.py)
+# collects one attention module per decoder layer
+# (layer_setup.compute_attention_and_moe_layers: self_attn.attn, attn, mixer.attn,
+# a NemotronH Mamba layer itself) and, unless the model takes sglang's hybrid
+# breakable graph (supports_hybrid_prefill_graph: NemotronH on SM120, its
+# layers each with attention or MoE), turns the prefill graph off, full and
+# breakable alike, when a layer has none (has_standard_gqa_for_all_local_layers;
+# INFO "Disable prefill CUDA graph because some layers do not apply Standard
+# GQA"): every prefill then runs eagerly.
+_LAYER_SCAN = "sglang's prefill graph setup (layers without attention)"
+_LAYER_SCAN_OFF = (
+    "sglang 0.5.23 captures no prefill graph for this model: its prefill graph "
+    "setup (capture_prefill_graph) finds no attention module in {layers} and runs "
+    "every prefill eagerly ('some layers do not apply Standard GQA'), a breakable "
+    "graph as well (NemotronH on SM120 without MLP layers excepted)"
+)
+
+
+def prefill_graph_layer_gap(model_config) -> str | None:
+    """The layers of a Mamba2-family model in which sglang's prefill-graph setup
+    finds no attention module (see _LAYER_SCAN_OFF), as a phrase; None when every
+    layer has one (Falcon-H1: attention beside Mamba2 in every layer)."""
+    if _is_inkling(model_config):
+        return None  # its own family (and mamba2_config reads the published context)
+    config = mamba2_config(model_config)
+    if isinstance(config, NemotronHConfig):  # NemotronH, its Nano VL's LLM, Puzzle
+        kinds = [k for k in ("mlp", "moe") if k in config.layers_block_type]
+        names = {"mlp": "MLP ('-')", "moe": "MoE ('E')"}
+        return (
+            f"NemotronH's {' and '.join(names[k] for k in kinds)} layers"
+            if kinds
+            else None
+        )
+    if isinstance(config, GraniteMoeHybridConfig):  # has Mamba layers, or not Mamba2
+        return "GraniteMoeHybrid's Mamba2 layers"
+    if isinstance(config, Mamba2Config):
+        return "any layer of a pure Mamba2 model"
+    return None
+
+
+def prefill_graph_turned_off(model_config, backend: str, sm: int) -> str | None:
+    """Why sglang's capture_prefill_graph turns this prefill graph backend
+    ("full", "breakable") off for the model at startup (the layer scan above),
+    None when it does not. sm: the compute capability, for NemotronH's hybrid
+    breakable graph (SM120, every layer with attention or MoE)."""
+    gap = prefill_graph_layer_gap(model_config)
+    if gap is None or backend not in ("full", "breakable"):
+        return None
+    config = mamba2_config(model_config)
+    if (
+        backend == "breakable"
+        and sm == 120
+        and isinstance(config, NemotronHConfig)
+        and "mlp" not in config.layers_block_type
+    ):
+        return None
+    return f"no attention module in {gap}: 'some layers do not apply Standard GQA'"
+
+
 MAMBA2_CONDITIONS = (
     Condition(
         setting="MAMBA2_FULL_PREFILL_GRAPH (sglang_graphfix.srt.full_prefill_graph_capability)",
@@ -311,6 +378,11 @@ MAMBA2_CONDITIONS = (
         fix=lambda s: "drop --enable-two-batch-overlap",
     ),
     Condition(
+        setting=_LAYER_SCAN,
+        violated=lambda s: _mamba2_extend_captured(s) and s.layer_gap is not None,
+        reason=lambda s: _LAYER_SCAN_OFF.format(layers=s.layer_gap),
+    ),
+    Condition(
         setting=_PAGE_MAJOR,
         violated=lambda s: _mamba2_extend_captured(s) and s.page_major_kv_layout,
         reason=lambda s: (
@@ -335,13 +407,20 @@ def mamba_mixer_of_config(model_config) -> str | None:
     return "mamba2"
 
 
+def _model_config_of_backend(linear):
+    """The model config a live Mamba2 backend was built for (its model runner's)."""
+    if not isinstance(linear, Mamba2AttnBackend):
+        return None
+    model_runner = getattr(linear, "_model_runner", None)
+    return getattr(model_runner, "model_config", None)
+
+
 def _mamba_mixer_of_backend(linear) -> str | None:
     if isinstance(linear, ShortConvAttnBackend):
         return "short-conv"
     if not isinstance(linear, Mamba2AttnBackend):
         return None
-    model_runner = getattr(linear, "_model_runner", None)
-    model_config = getattr(model_runner, "model_config", None)
+    model_config = _model_config_of_backend(linear)
     return mamba_mixer_of_config(model_config) if model_config else "mamba2"
 
 
@@ -661,6 +740,7 @@ def settings_from_server_args(server_args: Any) -> tuple[Settings, str | None]:
                 mixed_chunk=bool(cfg.enable_mixed_chunk),
                 speculative=cfg.speculative_algorithm is not None,
                 two_batch_overlap=bool(cfg.enable_two_batch_overlap),
+                layer_gap=prefill_graph_layer_gap(model_config),
             )
             if family is not None and family.name == _MAMBA2_FAMILY
             else {}
@@ -721,11 +801,13 @@ def settings_from_linear_backend(linear, prefill_runner=None) -> Settings:
 def _mamba2_runtime_facts(linear) -> dict:
     """The Mamba2 conditions' facts from the published runtime context (read
     only with the switch on: off, the family is refused whatever they are)."""
+    model_config = _model_config_of_backend(linear)
     return dict(
         mamba_mixer=_mamba_mixer_of_backend(linear),
         mixed_chunk=bool(get_schedule().enable_mixed_chunk),
         speculative=get_spec().speculative_algorithm is not None,
         two_batch_overlap=bool(get_exec().overlap.enable_two_batch_overlap),
+        layer_gap=model_config and prefill_graph_layer_gap(model_config),
     )
 
 

@@ -25,7 +25,9 @@ replay at the padding state slot (a wrong state-index table), so the tests can
 show their comparison fails: gdn_wrong_state (GDN), kda_wrong_state (KDA),
 mamba2_wrong_state (Mamba2: the tables' cache_indices, which the conv and the
 SSD read initial states from and write final states to, and the final-state
-snapshot copies from).
+snapshot copies from; a request stays consistent with itself across its
+chunks, so the wrong state shows in its decode, which reads the request's own,
+never-written slot).
 GRAPHFIX_PROBE_FLASHINFER_GDN_CAPTURE_SM=<sm> and
 GRAPHFIX_PROBE_MAMBA2_FULL_PREFILL_GRAPH=1 set those switches of
 full_prefill_graph_capability in every process that loads the plugins (set them

@@ -14,8 +14,9 @@ import torch
 from gdn_stub import make_gdn
 from kda_stub import make_kda
 from resolution import prefill_backend, resolved
-from tiny_configs import write_config
+from tiny_configs import _nemotron_h, write_config
 
+from sglang.srt.arg_groups.overrides import model_config_of
 from sglang.srt.arg_groups.overrides import use_mla_backend as uses_mla
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
 from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
@@ -41,13 +42,21 @@ GDN_PAGE_MAJOR = "--enable-page-major-kv-layout / --enable-unified-memory"
 KDA_SWITCH = capability.KDA_CONDITIONS[0].setting
 MAMBA2_SWITCH = capability.MAMBA2_CONDITIONS[0].setting
 MAMBA2_MIXER = "Mamba2/short-conv (mixer)"
+LAYER_SCAN = "sglang's prefill graph setup (layers without attention)"
 
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("configs")
-    families = ("qwen3_next", "kimi_linear", "nemotron_h", "falcon_h1", "lfm2", "llama")
-    return {family: write_config(family, root / family) for family in families}
+    families = ("qwen3_next", "kimi_linear", "nemotron_h", "falcon_h1", "lfm2", "llama", "granite_moe_hybrid")  # fmt: skip
+    dirs = {family: write_config(family, root / family) for family in families}
+    # NemotronH of Mamba2 and attention layers only: sglang's prefill graph
+    # setup finds an attention module in each (tiny_configs' "M*M-" has an MLP).
+    config = _nemotron_h(hybrid_override_pattern="M*M")
+    config.architectures = ["NemotronHForCausalLM"]
+    config.save_pretrained(root / "nemotron_h_no_mlp")
+    dirs["nemotron_h_no_mlp"] = str(root / "nemotron_h_no_mlp")
+    return dirs
 
 
 # One configuration per condition (Condition.setting, or the family that never
@@ -66,18 +75,23 @@ CASES = {
     MAMBA2_SWITCH: ("nemotron_h", {}, {}, True, "h200"),
     # The rest of the Mamba2 family's conditions, with MAMBA2_FULL_PREFILL_GRAPH on.
     MAMBA2_MIXER: ("lfm2", {}, {}, True, "h200"),
-    "--enable-mixed-chunk": ("nemotron_h", {"enable_mixed_chunk": True}, {}, True, "h200"),
-    "--speculative-algorithm": ("nemotron_h", {"speculative_algorithm": "NGRAM"}, {}, True, "h200"),
-    "--enable-two-batch-overlap": ("nemotron_h", {"enable_two_batch_overlap": True}, {}, True, "h200"),
+    LAYER_SCAN: ("granite_moe_hybrid", {}, {}, True, "h200"),
+    "--enable-mixed-chunk": ("nemotron_h_no_mlp", {"enable_mixed_chunk": True}, {}, True, "h200"),
+    "--speculative-algorithm": ("nemotron_h_no_mlp", {"speculative_algorithm": "NGRAM"}, {}, True, "h200"),
+    "--enable-two-batch-overlap": ("nemotron_h_no_mlp", {"enable_two_batch_overlap": True}, {}, True, "h200"),
 }  # fmt: skip
 EXTRA_CASES = {
     # The switch off, through the family's short-conv backend (LFM2: ShortConvAttnBackend).
     f"{MAMBA2_SWITCH} (LFM2)": ("lfm2", {}, {}, True, "h200"),
-    f"{GDN_PAGE_MAJOR} (Mamba2)": ("nemotron_h", {"enable_unified_memory": True}, {}, True, "h200"),
+    f"{GDN_PAGE_MAJOR} (Mamba2)": ("nemotron_h_no_mlp", {"enable_unified_memory": True}, {}, True, "h200"),
+    # The layer scan on NemotronH: tiny_configs' "M*M-" has an MLP-only layer.
+    f"{LAYER_SCAN} (NemotronH)": ("nemotron_h", {}, {}, True, "h200"),
 }  # fmt: skip
 # The cases judged with MAMBA2_FULL_PREFILL_GRAPH on.
 MAMBA2_ON = {
     MAMBA2_MIXER,
+    LAYER_SCAN,
+    f"{LAYER_SCAN} (NemotronH)",
     "--enable-mixed-chunk",
     "--speculative-algorithm",
     "--enable-two-batch-overlap",
@@ -102,7 +116,7 @@ ALL_CASES = {
 
 
 def _setting(case_id):
-    suffixes = ("(LFM2)", "(KDA)", "(Mamba2)")
+    suffixes = ("(LFM2)", "(KDA)", "(Mamba2)", "(NemotronH)")
     return case_id.rsplit(" (", 1)[0] if case_id.endswith(suffixes) else case_id
 
 
@@ -165,6 +179,14 @@ def test_explicit_full_is_refused_at_config_time(model_dirs, monkeypatch, case_i
         assert "drop --enable-mixed-chunk" in message
     if case_id == "--enable-two-batch-overlap":
         assert "drop --enable-two-batch-overlap" in message
+    if _setting(case_id) == LAYER_SCAN:
+        assert "sglang 0.5.23 captures no prefill graph for this model" in message
+        layers = (
+            "NemotronH's MLP ('-')"
+            if case_id.endswith("(NemotronH)")
+            else "GraniteMoeHybrid's"
+        )
+        assert f"finds no attention module in {layers}" in " ".join(message.split())
     if case_id in MAMBA2_ON - {MAMBA2_MIXER}:
         assert "Mamba2" in message
 
@@ -227,8 +249,15 @@ def live_linear_backend(family):
         if KDAAttnBackend._can_fuse_accept_state(backends.verify):
             kda.accept_lens_pool = torch.ones(4, dtype=torch.int32)
         return kda
-    cls = ShortConvAttnBackend if family == "lfm2" else Mamba2AttnBackend
-    return cls.__new__(cls)
+    if family == "lfm2":
+        return ShortConvAttnBackend.__new__(ShortConvAttnBackend)
+    mamba2 = Mamba2AttnBackend.__new__(Mamba2AttnBackend)
+    # MambaAttnBackendBase.__init__ keeps its model runner, whose model config
+    # the Mamba2 conditions read.
+    mamba2._model_runner = SimpleNamespace(
+        model_config=model_config_of(get_server_args())
+    )
+    return mamba2
 
 
 def prefill_runner():
@@ -334,11 +363,12 @@ def test_the_model_reads_the_gpu_from_sglangs_platform_probes(model_dirs):
 # ---- Mamba2 with MAMBA2_FULL_PREFILL_GRAPH on ----
 
 
-@pytest.mark.parametrize("family", ["nemotron_h", "falcon_h1"])
+@pytest.mark.parametrize("family", ["nemotron_h_no_mlp", "falcon_h1"])
 def test_mamba2_captures_with_the_switch_on_and_is_refused_with_it_off(
     model_dirs, monkeypatch, family
 ):
-    """A plain Mamba2 hybrid (NemotronH, Falcon-H1) with the resolved defaults:
+    """A plain Mamba2 hybrid (NemotronH of Mamba2 and attention layers,
+    Falcon-H1) with the resolved defaults:
     with the switch on, the explicit full prefill graph stays full at config
     time and the capture-time check passes on the live Mamba2 backend; with it
     off (as shipped) it is refused as before."""
@@ -374,3 +404,42 @@ def test_mamba1_mixer_is_refused_with_the_switch_on(monkeypatch):
     support = capability.judge(settings)
     assert MAMBA2_MIXER in support.violated
     assert "Mamba-1 mixer (MambaMixer1: Falcon-Mamba, Mamba)" in support.reasons[0]
+
+
+@pytest.mark.parametrize("family", ["granite_moe_hybrid", "nemotron_h"])
+def test_layer_scan_refusal_only_with_the_switch_on(model_dirs, family):
+    """With the switch off (as shipped) the models sglang's prefill graph setup
+    turns off are refused exactly as the rest of the family, one reason, word
+    for word; the layer scan's reason appears only with the switch on."""
+    case = (family, {}, {}, True, "h200")
+    with pytest.raises(ValueError) as err:
+        resolve(model_dirs, case)
+    arch = {"granite_moe_hybrid": "GraniteMoeHybridForCausalLM", "nemotron_h": "NemotronHForCausalLM"}[family]  # fmt: skip
+    assert str(err.value) == (
+        "The full prefill CUDA graph requested (--cuda-graph-backend-prefill full / "
+        f"--cuda-graph-config) cannot be captured: architecture {arch}, linear "
+        "attention Mamba2/short-conv, full-attention backend fa3; Mamba2/short-conv "
+        "linear attention has no capturable extend (its kernels read host-side "
+        "sequence lengths, and sglang plans only its decode and verify out of "
+        "graph). Use --cuda-graph-backend-prefill breakable or "
+        "--cuda-graph-backend-prefill disabled instead."
+    )
+
+
+def test_layer_gap_names_the_layers_sglangs_scan_misses(model_dirs):
+    """prefill_graph_layer_gap on the tiny configs: what sglang's
+    compute_attention_and_moe_layers finds no attention module in (checked on
+    sglang's own model classes, docs/mamba2_full_prefill_graph.md)."""
+    gap = {
+        family: capability.prefill_graph_layer_gap(
+            model_config_of(ServerArgs(model_path=model_dirs[family]))
+        )
+        for family in ("nemotron_h", "nemotron_h_no_mlp", "falcon_h1", "granite_moe_hybrid", "qwen3_next")
+    }  # fmt: skip
+    assert gap == {
+        "nemotron_h": "NemotronH's MLP ('-') layers",
+        "nemotron_h_no_mlp": None,
+        "falcon_h1": None,
+        "granite_moe_hybrid": "GraniteMoeHybrid's Mamba2 layers",
+        "qwen3_next": None,
+    }
