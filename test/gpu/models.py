@@ -26,6 +26,26 @@ def prompts(seed: int, lengths, vocab: int = 2048) -> list:
     return [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
 
 
+def chunk_256_batches() -> list:
+    """The batches the hybrid full-prefill-graph engine tests run, with chunked
+    prefill and the largest token bucket at 256 and 4 request slots (GDN and
+    Mamba2 alike): several requests incl. a 1-token one; around the 256
+    boundary (255, 256, 257 = one chunk + 1); a 1000-token prompt (4 chunks that
+    continue the linear state); prefix hits on both (the radix cache restores
+    states tracked above); a full set of slots. 8 new tokens each."""
+    long, p257 = prompts(0, [1000, 257])
+    inputs = [
+        prompts(1, [1, 7, 64]),
+        prompts(2, [255]),
+        prompts(3, [256]),
+        [p257],
+        [long],
+        [long[:512] + prompts(4, [40])[0], p257[:256] + prompts(5, [9])[0]],
+        prompts(6, [5, 17, 33, 90]),
+    ]
+    return [{"input_ids": ids, "max_new_tokens": 8} for ids in inputs]
+
+
 def tiny_kimi_linear(path: Path) -> str:
     """KDA hybrid (Kimi-Linear layout): 3 KDA layers (2 heads of 128, as in the
     real model) + 1 MLA layer with DeepSeek's MLA dims, a dense first layer, then

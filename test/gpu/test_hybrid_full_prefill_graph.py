@@ -16,7 +16,7 @@ from engine_utils import (
     run_engine,
     write_result,
 )
-from models import prompts
+from models import chunk_256_batches
 
 # Greedy logprobs of the graph and eager engines stay well inside this: both run
 # the same GDN kernels (KERNELS), but flashinfer plans the full-attention layer's
@@ -26,22 +26,7 @@ from models import prompts
 TOL = 0.05
 CHUNK = 256  # also the largest captured token bucket
 TOPK = 20
-LONG = prompts(0, [1000, 257])[0]
-P257 = prompts(0, [1000, 257])[1]
-BATCHES = [
-    # Several requests, fewer than the prefill slot count (4), one of a single token.
-    {"input_ids": prompts(1, [1, 7, 64]), "max_new_tokens": 8},
-    # Around the 256-token bucket / chunk boundary (257 = one 256 chunk + 1).
-    {"input_ids": prompts(2, [255]), "max_new_tokens": 8},
-    {"input_ids": prompts(3, [256]), "max_new_tokens": 8},
-    {"input_ids": [P257], "max_new_tokens": 8},
-    # Chunked prefill: 4 chunks continue the linear state.
-    {"input_ids": [LONG], "max_new_tokens": 8},
-    # Prefix hits: the radix cache restores linear states tracked above.
-    {"input_ids": [LONG[:512] + prompts(4, [40])[0], P257[:256] + prompts(5, [9])[0]], "max_new_tokens": 8},
-    # A full set of slots.
-    {"input_ids": prompts(6, [5, 17, 33, 90]), "max_new_tokens": 8},
-]  # fmt: skip
+BATCHES = chunk_256_batches()  # around CHUNK; chunked prefill; prefix hits
 
 
 def _engine_kwargs(model_path, prefill):
