@@ -64,6 +64,24 @@ def _parse(out: dict) -> dict:
     }
 
 
+def chunk_256_engine_kwargs(model_path, prefill: dict) -> dict:
+    """An engine for models.chunk_256_batches(): flashinfer attention (it plans a
+    full prefill extend), chunked prefill and the largest bucket at 256 tokens,
+    pools capped so that the GPU suite runs several engines on one GPU at once;
+    ``prefill``: the cuda_graph_config's prefill phase."""
+    return {
+        "model_path": model_path,
+        "attention_backend": "flashinfer",
+        "chunked_prefill_size": 256,
+        "context_length": 2048,
+        "mem_fraction_static": 0.3,
+        "max_total_tokens": 32768,
+        "max_mamba_cache_size": 64,
+        "cuda_graph_max_bs_decode": 4,
+        "cuda_graph_config": {"prefill": prefill},
+    }
+
+
 def run_engine(
     engine_kwargs: dict,
     batches: list,

@@ -8,6 +8,7 @@ capture (IndexError in HybridLinearAttnBackend._replay_metadata)."""
 import pytest
 from engine_utils import (
     assert_graph_matches_eager,
+    chunk_256_engine_kwargs,
     compare,
     diverged,
     graph_vs_eager,
@@ -24,24 +25,12 @@ from models import chunk_256_batches
 # logprobs by up to ~0.01. A wrong linear state moves them far past it (see
 # test_wrong_graph_state_changes_outputs).
 TOL = 0.05
-CHUNK = 256  # also the largest captured token bucket
 TOPK = 20
-BATCHES = chunk_256_batches()  # around CHUNK; chunked prefill; prefix hits
+BATCHES = chunk_256_batches()  # around the 256-token chunk and largest bucket
 
 
 def _engine_kwargs(model_path, prefill):
-    return {
-        "model_path": model_path,
-        "attention_backend": "flashinfer",
-        "chunked_prefill_size": CHUNK,
-        "context_length": 2048,
-        # Capped pools: the GPU suite runs several engines on one GPU at once.
-        "mem_fraction_static": 0.3,
-        "max_total_tokens": 32768,
-        "max_mamba_cache_size": 64,
-        "cuda_graph_max_bs_decode": 4,
-        "cuda_graph_config": {"prefill": prefill},
-    }
+    return chunk_256_engine_kwargs(model_path, prefill)
 
 
 FULL = {"backend": "full", "bs": [16, 32, 64, 128, 256], "full_prefill_max_req": 4}

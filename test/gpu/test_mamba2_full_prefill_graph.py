@@ -48,6 +48,7 @@ H200 (`sglang-graphfix explain`)."""
 import pytest
 from engine_utils import (
     assert_graph_matches_eager,
+    chunk_256_engine_kwargs,
     compare,
     diverged,
     graph_vs_eager,
@@ -69,9 +70,8 @@ from models import (
 # in the decode splits greedy tokens, on checkpoints whose Mamba2 branch carries
 # weight (module docstring; test_wrong_graph_state_changes_outputs).
 TOL = 0.05
-CHUNK = 256  # also the largest captured token bucket (= sglang's mamba chunk size)
 TOPK = 20
-BATCHES = chunk_256_batches()  # around CHUNK; chunked prefill; prefix hits
+BATCHES = chunk_256_batches()  # around the 256-token chunk and largest bucket
 
 MODELS = {
     "nemotron_h": tiny_nemotron_h,
@@ -153,22 +153,10 @@ def model_path(model, tmp_path_factory):
 
 
 def _engine_kwargs(model_path, strategy, prefill):
-    return {
-        "model_path": model_path,
-        # A full-attention backend that plans a full prefill extend
-        # (FULL_PREFILL_ATTENTION_BACKENDS) and the one the GDN test runs: the
-        # hybrid backend's attention side is the same for Mamba2.
-        "attention_backend": "flashinfer",
-        "chunked_prefill_size": CHUNK,
-        "context_length": 2048,
-        # Capped pools: the GPU suite runs several engines on one GPU at once.
-        "mem_fraction_static": 0.3,
-        "max_total_tokens": 32768,
-        "max_mamba_cache_size": 64,
-        "cuda_graph_max_bs_decode": 4,
-        "cuda_graph_config": {"prefill": prefill},
-        **STRATEGIES[strategy],
-    }
+    # flashinfer attention: it plans a full prefill extend
+    # (FULL_PREFILL_ATTENTION_BACKENDS), as for GDN: the hybrid backend's
+    # attention side is the same for Mamba2.
+    return {**chunk_256_engine_kwargs(model_path, prefill), **STRATEGIES[strategy]}
 
 
 def _name(model, strategy):
