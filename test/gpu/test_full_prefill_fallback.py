@@ -25,6 +25,9 @@ TOL = 0.05
 BATCHES = [
     {"input_ids": prompts(11, [64] * 8), "max_new_tokens": 4},  # 8 requests: eager
     {"input_ids": prompts(12, [16]), "max_new_tokens": 4},  # 1 request: graph
+    # The eager shape again: how long the first one waited for kernels built on
+    # first use, which the start-up warm-up should have built (recorded).
+    {"input_ids": prompts(13, [64] * 8), "max_new_tokens": 4},
 ]
 TOPK = 20
 
@@ -97,6 +100,10 @@ def test_eager_fallback_runs_sglangs_default_kernels(
             "eager_batch_vs_default_eager": vs_default,
             "eager_batch_first_token_vs_default": topk_default,
             "eager_batch_first_token_vs_triton": topk_triton,
+            "eager_batch_seconds_first_and_again": [
+                results[0][0]["seconds"],
+                results[2][0]["seconds"],
+            ],
         },
     )
     assert vs_default["compared_steps"] > 0 and not vs_default["mismatches"]
