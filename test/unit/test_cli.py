@@ -419,3 +419,22 @@ def test_granite_full_prefill_graph_in_both_mamba2_switch_states(
     assert result[GRAPHFIX].startswith("refuses at startup")
     assert ("has no capturable extend" in result[GRAPHFIX]) == (not switch)
     assert ("captures no prefill graph for this model" in result[GRAPHFIX]) == switch
+
+
+@pytest.mark.parametrize(
+    "flags, kernel",
+    [
+        # sglang's own choice where FlashInfer's capture is validated (SM90)
+        ([], "flashinfer where sglang picks it on SM90, else triton"),
+        # elsewhere the graph captures Triton
+        (["--gpu", "a100"], "triton"),
+        # an explicit kernel is the one captured
+        (["--linear-attn-prefill-backend", "triton"], "triton"),
+    ],
+)
+def test_the_captured_gdn_prefill_kernel_is_named(capsys, plugin_on, flags, kernel):
+    status, out = explain(capsys, *DEMO[1:], *flags)
+    assert status == 0
+    assert outcomes(out)[GRAPHFIX].endswith(
+        f"GDN extend captured in the full prefill graph (prefill kernel {kernel})"
+    )
