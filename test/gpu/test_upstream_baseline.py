@@ -18,7 +18,12 @@ import sys
 import textwrap
 
 import pytest
-from engine_utils import PROBE_PATH, probe_count, write_result
+from engine_utils import (
+    PROBE_PATH,
+    chunk_256_engine_kwargs,
+    probe_count,
+    write_result,
+)
 
 CHILD = textwrap.dedent(
     """
@@ -46,22 +51,13 @@ class UpstreamIndexError(Exception):
 
 
 def _engine_kwargs(model_path):
+    full = {"backend": "full", "bs": [16, 32], "full_prefill_max_req": 4}
     return {
-        "model_path": model_path,
+        **chunk_256_engine_kwargs(model_path, full),
         "skip_tokenizer_init": True,
-        "attention_backend": "flashinfer",
         # Triton GDN prefill, as with sglang-graphfix: upstream's FlashInfer
         # default would be a different (kernel-availability) failure.
         "linear_attn_prefill_backend": "triton",
-        "chunked_prefill_size": 256,
-        "context_length": 2048,
-        "mem_fraction_static": 0.3,
-        "max_total_tokens": 32768,
-        "max_mamba_cache_size": 64,
-        "cuda_graph_max_bs_decode": 4,
-        "cuda_graph_config": {
-            "prefill": {"backend": "full", "bs": [16, 32], "full_prefill_max_req": 4}
-        },
     }
 
 
