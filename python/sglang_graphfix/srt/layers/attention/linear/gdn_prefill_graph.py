@@ -108,7 +108,8 @@ def gdn_extend_in_graph(
     ).transpose(0, 1)
     flashinfer = isinstance(extend_kernel, FlashInferGDNKernel)
     if flashinfer:
-        x = x.masked_fill(rows_past_batch(meta).unsqueeze(-1), 0)
+        past = rows_past_batch(meta)
+        x = x.masked_fill(past.unsqueeze(-1), 0)
 
     if layer.q_dim + layer.k_dim + layer.v_dim <= MAX_FUSED_QKV_SPLIT_DIM:
         q, k, v = fused_qkv_split_gdn_prefill(
@@ -133,7 +134,7 @@ def gdn_extend_in_graph(
 
     if flashinfer:
         o, checkpoints = flashinfer_delta_rule_on_tables(
-            extend_kernel, q, k, v, g, beta, ssm_states, meta
+            extend_kernel, q, k, v, g, beta, ssm_states, meta, past
         )
         if meta.track:
             _snapshot_ssm_states(ssm_states, checkpoints, meta, flashinfer=True)
@@ -149,18 +150,19 @@ def rows_past_batch(meta) -> torch.Tensor:
     return meta.token_index >= meta.num_logical_tokens
 
 
-def flashinfer_delta_rule_on_tables(kernel, q, k, v, g, beta, ssm_states, meta):
+def flashinfer_delta_rule_on_tables(kernel, q, k, v, g, beta, ssm_states, meta, past):
     """FlashInferGDNKernel.extend (GDNAttnBackend's call) on the bucket's tables.
     Padding rows read and write the reserved padding slot, not FlashInfer's
     stand-in for a negative slot (the pool's last, a live request's); tokens past
-    the batch (q/k/v zeroed by the caller, gates here) keep zero output rows.
+    the batch (``past``, rows_past_batch: q/k/v zeroed by the caller, gates
+    here) keep zero output rows.
     With prefix-cache tracking, the kernel snapshots every 64-token chunk
     boundary into a buffer sized by the bucket, located per row by on-device
     starts: bucket/64 fp32 states per layer on every replay of a tracking bucket,
     where eager takes them only for a batch with a tracked row. Returns
     (o, checkpoints or None)."""
     slots = torch.where(meta.cache_indices >= 0, meta.cache_indices, _PADDING_SLOT)
-    pad = rows_past_batch(meta).view(1, -1, 1)
+    pad = past.view(1, -1, 1)
     g, beta = g.masked_fill(pad, 0), beta.masked_fill(pad, 0)
     num_checkpoints = meta.num_tokens // CHUNK_SIZE if meta.track else 0
     starts = None
