@@ -23,10 +23,9 @@ straight from sglang.benchmark.serving's JSONL, and how many prefill batches ran
 a CUDA graph or eager (sglang's per-batch log line); per mode: time to ready, the
 prefill-graph capture time and memory and the weight / KV sizes, from the
 server's log. Every run draws its own prompts (its own --seed) on an empty radix
-cache (/flush_cache, and again after sglang.benchmark.serving's own warm-up
-requests: --flush-cache); each server first runs one warm-up per workload
-(WARMUP, other prompts, not reported), so kernels built on first use are not
-timed.
+cache (sglang.benchmark.serving's --flush-cache, after its own warm-up
+requests); each server first runs one warm-up per workload (WARMUP, other
+prompts, not reported), so kernels built on first use are not timed.
 
     python3 benchmark/serving_prefill_graph.py [--model qwen3-next-80b-a3b-fp8]
         [--modes disabled,breakable,full] [--workloads chat,burst,long] [--quick]
@@ -52,7 +51,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -235,23 +233,6 @@ def run_seed(label: str, warmup: bool = False) -> int:
     return labels.index(label) + (1000 if warmup else 1)
 
 
-def flush_cache(port: int, attempts: int = 10) -> None:
-    """sglang's /flush_cache: every run starts from an empty radix cache. It
-    refuses (HTTP 400) while requests are still running: wait and retry."""
-    url = f"http://127.0.0.1:{port}/flush_cache"
-    for attempt in range(attempts):
-        try:
-            with urllib.request.urlopen(
-                urllib.request.Request(url, method="POST"), timeout=60
-            ) as r:
-                r.read()
-                return
-        except urllib.error.HTTPError:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(1)
-
-
 def bench(
     model_dir: Path, port: int, run, scale: float, out_dir: Path, warmup=False
 ) -> tuple:
@@ -259,7 +240,6 @@ def bench(
     prompts = max(4, int(prompts * scale))
     kind = "warmup" if warmup else "run"
     jsonl = out_dir / f"bench_{port}_{kind}_{run_seed(label, warmup)}.jsonl"
-    flush_cache(port)
     cmd = [
         sys.executable, "-m", "sglang.benchmark.serving",
         "--backend", "sglang", "--host", "127.0.0.1", "--port", str(port),
