@@ -408,10 +408,8 @@ def gdn_prefill_accuracy() -> list:
                 + str(all(b["padding_slot_finite"] for b in batches))
                 + f"; wrong state slot (control): {bad['output']:.3f} |"
             )
-    lengths = _load(folder + "gdn_prefill_1024_full_flashinfer_fp32.json")[
-        "prompt_lengths"
-    ]
-    errors = _load(folder + "gdn_prefill_1024_full_flashinfer_fp32.json")["fp32_error"]
+    flashinfer_fp32 = _load(folder + "gdn_prefill_1024_full_flashinfer_fp32.json")
+    lengths, errors = flashinfer_fp32["prompt_lengths"], flashinfer_fp32["fp32_error"]
     triton_graph = _load(folder + "gdn_prefill_1024_full_fp32.json")["fp32_error"][
         "full"
     ]
@@ -427,13 +425,14 @@ def gdn_prefill_accuracy() -> list:
         return " / ".join("NaN" if e != e else f"{e:.3f}" for e in values)
 
     for kernel, report in same.items():
-        steps = [b["max_logprob_diff"] for b in report["batches"]]
         rows.append(
             f"| hidden-1024 Qwen3-Next, fa3, graph ({kernel}) vs eager on the same "
             f"kernels, first token at {' / '.join(map(str, lengths))} tokens | "
             + " / ".join(
-                "split (near tie)" if b["near_tie_splits"] else f"{d:.4f}"
-                for b, d in zip(report["batches"], steps)
+                "split (near tie)"
+                if b["near_tie_splits"]
+                else f"{b['max_logprob_diff']:.4f}"
+                for b in report["batches"]
             )
             + " |"
         )
@@ -446,7 +445,7 @@ def gdn_prefill_accuracy() -> list:
         f"| wrong-state control (graph with every replay on the padding slot) | "
         f"diverges at {sum(map(_diverged, wrong))} of {len(wrong)} lengths |",
         "",
-        provenance_line(_load(folder + "gdn_prefill_1024_full_flashinfer_fp32.json")),
+        provenance_line(flashinfer_fp32),
     ]
     return rows
 
@@ -456,6 +455,7 @@ def mamba2() -> list:
     folder = "gpu/mamba2/"
     falcon = _load(folder + "mamba2_full_prefill_vs_eager_falcon_h1_extra_buffer.json")
     bad = _load(folder + "mamba2_full_prefill_wrong_state_falcon_h1_extra_buffer.json")
+    diff, mismatches, _ = _steps(falcon["batches"])
     return [
         "",
         "Mamba2 full prefill graph (switched off; H200, test probe turns it on):",
@@ -466,9 +466,9 @@ def mamba2() -> list:
         "random padded batches vs sglang's eager extend (outputs, conv/SSM pools) "
         "| `test/gpu/test_mamba2_extend_graph.py`: 27 passed, wrong-metadata "
         "controls included (log in results/gpu/mamba2/) |",
-        "| tiny Falcon-H1 engine (extra buffer), graph vs eager, 7 batches "
-        f"| max logprob diff {_steps(falcon['batches'])[0]:.4f}, "
-        f"{_steps(falcon['batches'])[1]} mismatches; control (wrong state) moved "
+        f"| tiny Falcon-H1 engine (extra buffer), graph vs eager, "
+        f"{len(falcon['batches'])} batches | max logprob diff {diff:.4f}, "
+        f"{mismatches} mismatches; control (wrong state) moved "
         f"logprobs by at most {_steps(bad['batches'])[0]:.4f}: too weak to show "
         "the comparison sees the Mamba2 state |",
         "| tiny NemotronH, GraniteMoeHybrid engines | NemotronH: its float16 "
