@@ -16,7 +16,7 @@ Models:
     python3 benchmark/prefill_graph_latency.py [--models tiny,qwen3-next] [--quick]
     python3 benchmark/prefill_graph_latency.py --plot   # PNG from the committed JSON (CPU)
     python3 benchmark/prefill_graph_latency.py --models tiny --profile
-    python3 benchmark/prefill_graph_latency.py --models qwen3-next-80b-fp8 --profile
+    python3 benchmark/prefill_graph_latency.py --models qwen3-next-80b-fp8 --profile [--backends full]
 
 Writes $OUT/prefill_graph_latency.json, else benchmark/results/prefill_graph_latency.json.
 
@@ -245,7 +245,7 @@ def profile_backend(model: dict, prefill: dict) -> dict:
     return report
 
 
-def profile(models: list) -> None:
+def profile(models: list, backends=PROFILE_BACKENDS) -> None:
     out = Path(os.environ.get("OUT") or ROOT / "benchmark" / "results")
     out.mkdir(parents=True, exist_ok=True)
     report = {
@@ -262,7 +262,7 @@ def profile(models: list) -> None:
     for name in models:
         spec = specs[name]()
         entry = report["models"][name] = {}
-        for backend in PROFILE_BACKENDS:  # written after each backend
+        for backend in backends:  # written after each backend
             entry[backend] = profile_backend(spec, PREFILL[backend])
             (out / PROFILE).write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
@@ -345,11 +345,16 @@ def main() -> None:
         action="store_true",
         help="profile full vs breakable prefill forwards (torch.profiler) instead",
     )
+    parser.add_argument(
+        "--backends",
+        default=",".join(PROFILE_BACKENDS),
+        help="with --profile: which prefill backends, in order (one engine each)",
+    )
     args = parser.parse_args()
     if args.plot:
         plot()
     elif args.profile:
-        profile(args.models.split(","))
+        profile(args.models.split(","), args.backends.split(","))
     else:
         run(args.models.split(","), args.quick)
 
