@@ -451,14 +451,14 @@ def gdn_prefill_accuracy() -> list:
 
 
 def mamba2() -> list:
-    """The captured Mamba2 extend (switched off; results/gpu/mamba2/)."""
-    folder = "gpu/mamba2/"
-    falcon = _load(folder + "mamba2_full_prefill_vs_eager_falcon_h1_extra_buffer.json")
-    bad = _load(folder + "mamba2_full_prefill_wrong_state_falcon_h1_extra_buffer.json")
-    diff, mismatches, _ = _steps(falcon["batches"])
-    return [
+    """The captured Mamba2 extend on the H200: kernel level (results/gpu/mamba2/)
+    and the tiny engines, graph vs eager with a wrong-state control per case
+    (results/gpu/mamba2_2026-12-01b/; the first engine run, whose Falcon-H1
+    control was too weak: results/gpu/mamba2/)."""
+    folder = "gpu/mamba2_2026-12-01b/"
+    rows = [
         "",
-        "Mamba2 full prefill graph (switched off; H200, test probe turns it on):",
+        "Mamba2 full prefill graph (H200):",
         "",
         "| check | result |",
         "| --- | --- |",
@@ -466,29 +466,81 @@ def mamba2() -> list:
         "random padded batches vs sglang's eager extend (outputs, conv/SSM pools) "
         "| `test/gpu/test_mamba2_extend_graph.py`: 27 passed, wrong-metadata "
         "controls included (log in results/gpu/mamba2/) |",
-        f"| tiny Falcon-H1 engine (extra buffer), graph vs eager, "
-        f"{len(falcon['batches'])} batches | max logprob diff {diff:.4f}, "
-        f"{mismatches} mismatches; control (wrong state) moved "
-        f"logprobs by at most {_steps(bad['batches'])[0]:.4f}: too weak to show "
-        "the comparison sees the Mamba2 state |",
-        "| tiny NemotronH, GraniteMoeHybrid engines | NemotronH: its float16 "
-        "config crashed sglang's eager mamba track copy; GraniteMoeHybrid: sglang "
-        "0.5.23 runs no prefill graph for it |",
-        "",
-        provenance_line(falcon),
     ]
+    names = {
+        "nemotron_h_extra_buffer": 'tiny NemotronH "M*M" (bf16), extra buffer',
+        "nemotron_h_no_buffer": 'tiny NemotronH "M*M" (bf16), no buffer',
+        "falcon_h1_extra_buffer": "tiny Falcon-H1 (bf16, gated RMSNorm), extra buffer",
+    }
+    report = None
+    for case, label in names.items():
+        report = _load(f"{folder}mamba2_full_prefill_vs_eager_{case}.json")
+        bad = _load(f"{folder}mamba2_full_prefill_wrong_state_{case}.json")["batches"]
+        diff, mismatches, steps = _steps(report["batches"])
+        replayed = [b for b, n in zip(bad, report["graph_replays"]) if n]
+        rows.append(
+            f"| {label}, graph vs eager, {len(report['batches'])} batches "
+            f"({sum(report['graph_replays'])} replays) | max logprob diff "
+            f"{diff:.4f} over {steps} steps, {mismatches} mismatches; wrong-state "
+            f"control diverges on {sum(map(_diverged, replayed))} of "
+            f"{len(replayed)} replayed batches |"
+        )
+    return rows + [
+        "| GraniteMoeHybrid | sglang 0.5.23 runs no prefill graph for it (refused "
+        "with that reason) |",
+        "",
+        provenance_line(report),
+    ]
+
+
+def served_profile() -> list:
+    """One full-graph prefill forward of the served 80B-dims model, profiled in
+    the scheduler (benchmark/prefill_graph_latency.py --profile --models
+    qwen3-next-80b-fp8 --backends full; results/gpu/profile_qwen3_next_80b_fp8_2026-12-01/)."""
+    report = _load(
+        "gpu/profile_qwen3_next_80b_fp8_2026-12-01/prefill_graph_profile.json"
+    )
+    shapes = report["models"]["qwen3-next-80b-fp8"]["full"]
+    rows = [
+        "",
+        "Where a full-graph prefill forward's time goes at Qwen3-Next-80B-A3B "
+        "dimensions (48 layers, FP8, dummy weights, sglang's defaults, radix cache "
+        "off; torch.profiler in the scheduler, per forward; host ms are inflated "
+        "by the profiler, the unprofiled wall is not):",
+        "",
+        "| tokens x prompts | forward wall, unprofiled | GPU busy | GPU idle of "
+        "wall | before replay (load_batch) | graph launch (host) | logits |"
+        " top kernels, ms |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for shape, w in shapes.items():
+        markers = w["markers_ms"]
+        top = ", ".join(f"{k['name'][:24]} {k['ms']:.2f}" for k in w["top_kernels"][:3])
+        rows.append(
+            f"| {shape} | {w['wall_ms_unprofiled']:.1f} | {w['device_busy_ms']:.1f} "
+            f"| {w['gpu_idle_fraction_unprofiled']:.0%} "
+            f"| {markers['runner.load_batch']['ms']:.1f} "
+            f"| {markers['graph.replay_full']['ms']:.1f} "
+            f"| {markers['logits_processor']['ms']:.1f} | {top} |"
+        )
+    return rows + ["", provenance_line(report)]
 
 
 def _ms(value) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def serving() -> list:
+def serving(files=("serving_prefill_graph.json",), heading="") -> list:
     """benchmark/serving_prefill_graph.py: one launch_server per prefill-graph
     mode, sglang.benchmark.serving against it; per workload TTFT p50 / p99, ITL
     p50 and output throughput, full's TTFT against breakable's. A run missing
     from a mode shows "-" (see the report's notes)."""
-    report = _load("serving_prefill_graph.json")
+    reports = [_load(name) for name in files]
+    report = {**reports[0], "modes": {}}  # one report per server, or one for all
+    for part in reports:
+        for mode, entry in part["modes"].items():
+            assert mode not in report["modes"], f"{mode} twice in {files}"
+            report["modes"][mode] = entry
     modes = [m for m in ("disabled", "breakable", "full") if m in report["modes"]]
     labels = list(dict.fromkeys(r for m in modes for r in report["modes"][m]["runs"]))
 
@@ -506,7 +558,7 @@ def serving() -> list:
 
     rows = [
         "",
-        f"Serving path ({report['model']}, `python -m sglang.launch_server "
+        heading + f"Serving path ({report['model']}, `python -m sglang.launch_server "
         "--load-format dummy` with sglang-graphfix installed, one server per mode, "
         "`python -m sglang.benchmark.serving` random-ids; "
         + " / ".join(modes)
@@ -545,14 +597,20 @@ def serving() -> list:
             )
         if entry.get("error"):
             rows.append(f"| {m}: error | {entry['error']} |")
-    notes = report.get("notes_hand_written")
+    notes = [n for part in reports for n in part.get("notes_hand_written") or []]
     if notes:
         rows += [
             "",
             "Notes on this run (typed by hand after it, not recorded by the script):",
         ]
         rows += [f"* {note}" for note in notes]
-    return rows + ["", provenance_line(report)]
+    return rows + [""] + [provenance_line(part) for part in reports]
+
+
+SERVING_SAME_SESSION = (
+    "gpu/serving_2026-12-01b/breakable/serving_prefill_graph.json",
+    "gpu/serving_2026-12-01b/full/serving_prefill_graph.json",
+)
 
 
 def render() -> str:
@@ -565,7 +623,15 @@ def render() -> str:
         + plugin_and_fallback()
         + gdn_prefill_accuracy()
         + mamba2()
-        + serving()
+        + served_profile()
+        + serving(
+            SERVING_SAME_SESSION,
+            "FlashInfer's GDN prefill captured (as shipped), one server per mode, "
+            "the same session and commit. ",
+        )
+        + serving(
+            heading="An earlier run (the graph captured Triton's GDN prefill then). "
+        )
     )
 
 
