@@ -2,8 +2,10 @@
 
 * refused with a ValueError before any weights load (config-only model dirs)
   where it cannot capture: Mamba2 hybrids (NemotronH "M*", Falcon-H1) with
-  flashinfer, and GDN (Qwen3-Next) with the triton attention backend. Upstream
-  0.5.23 accepts all three and fails during capture (IndexError in
+  flashinfer outside the configurations checked on a GPU (these configs name no
+  dtype, so sglang serves them in float16; NemotronH's has 8 groups), and GDN
+  (Qwen3-Next) with the triton attention backend. Upstream 0.5.23 accepts all
+  three and fails during capture (IndexError in
   HybridLinearAttnBackend._replay_metadata / "Invalid forward mode").
 * untouched where it can: a tiny random Llama with flashinfer captures the full
   prefill graph, replays it, and matches the same engine with the prefill graph

@@ -8,21 +8,20 @@ schedule off). GraniteMoeHybrid is skipped: sglang 0.5.23 captures no prefill
 graph for it (see GRANITE_NO_PREFILL_GRAPH). docs/mamba2_full_prefill_graph.md,
 "What the GPU session must do", step 2, and what the first H200 run showed.
 
-The captured Mamba2 extend ships switched off (MAMBA2_FULL_PREFILL_GRAPH =
-False in sglang_graphfix.srt.full_prefill_graph_capability). Two processes judge
-it, and both must see it on:
+The captured Mamba2 extend ships switched on (MAMBA2_FULL_PREFILL_GRAPH in
+sglang_graphfix.srt.full_prefill_graph_capability, after this module's second
+H200 run). The module still turns it on in both processes that judge it, so
+that it tests the captured extend whatever the shipped value:
 * the engines' scheduler processes (spawned; they load the plugins afresh): the
   test probe sets the switch there from GRAPHFIX_PROBE_MAMBA2_FULL_PREFILL_GRAPH,
   passed to every engine of this module through run_engine(env=...);
 * this test process: sglang.Engine resolves its ServerArgs here, and
   sglang-graphfix's resolution hook (cuda_graph_hook.judge_prefill_graph_on_final_settings)
   raises ValueError on an explicit full prefill graph the switch refuses. The
-  plugins load once per process, possibly for an earlier test module's engine
-  (before this module could set the environment variable), so the autouse
-  fixture below sets the module attribute itself, and restores it afterwards:
-  test_full_prefill_graph_config expects the family refused in the same session.
-  The variable is not set at import: collection imports every module first, and
-  the other modules' engines would inherit it.
+  plugins load once per process, possibly for an earlier test module's engine,
+  so the autouse fixture below sets the module attribute itself, and restores
+  it afterwards. The variable is not set at import: collection imports every
+  module first, and the other modules' engines would inherit it.
 
 Greedy tokens and logprobs must match within TOL; a can-fail control points
 every replay at the padding state slot (test probe fault mamba2_wrong_state)

@@ -41,6 +41,7 @@ from sglang.srt.configs.hybrid_arch import (
     mambaish_config,
 )
 from sglang.srt.configs.inkling import InklingMMConfig, InklingModelConfig
+from sglang.srt.configs.mamba_utils import mamba2_state_dtype
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
 from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
@@ -76,13 +77,25 @@ KDA_FULL_PREFILL_GRAPH = True
 # or pure Mamba2, see _LAYER_SCAN) under a full prefill graph: upstream's
 # MambaMixer2 extend on static per-bucket metadata
 # (..layers.attention.mamba.mamba2_prefill_graph), wired in by
-# ..layers.attention.hybrid_linear_attn_backend. THE switch for Mamba2; off
-# until a GPU session has run docs/mamba2_full_prefill_graph.md's checks:
-# test/unit/srt/layers/attention/mamba/interpret_mamba2_prefill_graph.py and
-# interpret_mamba2_backend.py natively (TRITON_INTERPRET unset), a kernel-level
-# capture/replay test and a model-level graph-vs-eager run. While False the
-# family is refused as before; LFM2/ZAYA1 short-conv and Mamba-1 stay refused.
-MAMBA2_FULL_PREFILL_GRAPH = False
+# ..layers.attention.hybrid_linear_attn_backend. THE switch for Mamba2; on since
+# an H200 ran docs/mamba2_full_prefill_graph.md's checks
+# (benchmark/results/gpu/mamba2/, mamba2_2026-12-01b/): the captured extend
+# replayed vs sglang's eager extend on 24 random padded batches, and tiny
+# NemotronH "M*M" (extra buffer and no buffer) and Falcon-H1 engines, graph vs
+# eager within 0.008, each with a wrong-state control that diverged. Only what
+# those runs covered captures (MAMBA2_CHECKED, the --dtype and groups / state
+# conditions); False refuses the family as a whole again. LFM2/ZAYA1 short-conv
+# and Mamba-1 stay refused.
+MAMBA2_FULL_PREFILL_GRAPH = True
+# What the H200 runs above covered: bfloat16 weights, one group (every case, the
+# kernel level included), float32 SSM and bfloat16 conv states (sglang's
+# defaults, mamba2_state_dtype), flashinfer attention.
+MAMBA2_CHECKED = {
+    "dtype": "bfloat16",
+    "groups": 1,
+    "state": ("float32", "bfloat16"),
+    "attention": "flashinfer",  # the engines' attention backend (fa3: GDN only)
+}
 
 
 @dataclass(frozen=True)
@@ -110,6 +123,9 @@ class Settings:
     # The layers sglang's prefill-graph setup finds no attention module in (a
     # phrase, prefill_graph_layer_gap); None: none, or not known here.
     layer_gap: str | None = None
+    model_dtype: str | None = None  # the weights' dtype as served; None: unknown
+    # What of a Mamba2 model the GPU checks did not cover (mamba2_unchecked).
+    mamba2_unchecked: str | None = None
 
 
 @dataclass(frozen=True)
@@ -264,6 +280,8 @@ _MIXERS = {
     "short-conv": "short-conv layers (ShortConvAttnBackend: LFM2, ZAYA1)",
 }
 _PAGE_MAJOR = "--enable-page-major-kv-layout / --enable-unified-memory"
+_MAMBA2_UNCHECKED = "Mamba2 groups / state dtypes (model config, environment)"
+_MAMBA2_ATTENTION = "--attention-backend (Mamba2 checked)"
 
 
 def _mamba2_extend_captured(s: Settings) -> bool:
@@ -383,6 +401,42 @@ MAMBA2_CONDITIONS = (
         reason=lambda s: _LAYER_SCAN_OFF.format(layers=s.layer_gap),
     ),
     Condition(
+        setting="--dtype",
+        violated=lambda s: (
+            _mamba2_extend_captured(s)
+            and s.model_dtype not in (None, MAMBA2_CHECKED["dtype"])
+        ),
+        reason=lambda s: (
+            f"the captured Mamba2 extend is checked on a GPU in "
+            f"{MAMBA2_CHECKED['dtype']} only; this model serves in {s.model_dtype} "
+            "(sglang's dtype 'auto' serves float16 when the config names no dtype)"
+        ),
+        fix=lambda s: f"set --dtype {MAMBA2_CHECKED['dtype']}",
+    ),
+    Condition(
+        setting=_MAMBA2_ATTENTION,
+        violated=lambda s: (
+            _mamba2_extend_captured(s)
+            and s.attention_backend not in (None, MAMBA2_CHECKED["attention"])
+        ),
+        reason=lambda s: (
+            "the captured Mamba2 extend is checked on a GPU with the "
+            f"{MAMBA2_CHECKED['attention']} attention backend only, not "
+            f"{s.attention_backend}"
+        ),
+        fix=lambda s: f"set --attention-backend {MAMBA2_CHECKED['attention']}",
+    ),
+    Condition(
+        setting=_MAMBA2_UNCHECKED,
+        violated=lambda s: _mamba2_extend_captured(s) and s.mamba2_unchecked,
+        reason=lambda s: (
+            "the captured Mamba2 extend is checked on a GPU with one group and "
+            "{} SSM / {} conv states only; this model has {}".format(
+                *MAMBA2_CHECKED["state"], s.mamba2_unchecked
+            )
+        ),
+    ),
+    Condition(
         setting=_PAGE_MAJOR,
         violated=lambda s: _mamba2_extend_captured(s) and s.page_major_kv_layout,
         reason=lambda s: (
@@ -392,6 +446,32 @@ MAMBA2_CONDITIONS = (
         ),
     ),
 )
+
+
+def mamba2_unchecked(model_config) -> str | None:
+    """What of a Mamba2-family model the GPU checks did not cover (MAMBA2_CHECKED:
+    groups as its mixer reads them, state dtypes as sglang sizes its pools), as a
+    phrase; None when all is covered or the model is not of the family."""
+    config = mamba2_config(model_config)
+    if config is None or _is_inkling(model_config):
+        return None
+    found = []
+    # NemotronH, Falcon-H1 and Granite build MambaMixer2 from mamba_n_groups.
+    groups = getattr(config, "mamba_n_groups", None) or getattr(config, "n_groups", 1)
+    if groups != MAMBA2_CHECKED["groups"]:
+        found.append(f"{groups} groups (mamba_n_groups)")
+    state = mamba2_state_dtype(config)
+    names = (_dtype_name(state.temporal), _dtype_name(state.conv))
+    if names != MAMBA2_CHECKED["state"]:
+        found.append(
+            f"{names[0]} SSM / {names[1]} conv states (the config's mamba_ssm_dtype, "
+            "SGLANG_MAMBA_SSM_DTYPE, SGLANG_MAMBA_CONV_DTYPE)"
+        )
+    return ", ".join(found) or None
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def mamba_mixer_of_config(model_config) -> str | None:
@@ -741,6 +821,8 @@ def settings_from_server_args(server_args: Any) -> tuple[Settings, str | None]:
                 speculative=cfg.speculative_algorithm is not None,
                 two_batch_overlap=bool(cfg.enable_two_batch_overlap),
                 layer_gap=prefill_graph_layer_gap(model_config),
+                model_dtype=_dtype_name(model_config.dtype),
+                mamba2_unchecked=mamba2_unchecked(model_config),
             )
             if family is not None and family.name == _MAMBA2_FAMILY
             else {}
@@ -808,6 +890,8 @@ def _mamba2_runtime_facts(linear) -> dict:
         speculative=get_spec().speculative_algorithm is not None,
         two_batch_overlap=bool(get_exec().overlap.enable_two_batch_overlap),
         layer_gap=model_config and prefill_graph_layer_gap(model_config),
+        model_dtype=model_config and _dtype_name(model_config.dtype),
+        mamba2_unchecked=model_config and mamba2_unchecked(model_config),
     )
 
 

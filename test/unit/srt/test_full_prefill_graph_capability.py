@@ -42,6 +42,8 @@ GDN_PAGE_MAJOR = "--enable-page-major-kv-layout / --enable-unified-memory"
 KDA_SWITCH = capability.KDA_CONDITIONS[0].setting
 MAMBA2_SWITCH = capability.MAMBA2_CONDITIONS[0].setting
 MAMBA2_MIXER = "Mamba2/short-conv (mixer)"
+MAMBA2_UNCHECKED = "Mamba2 groups / state dtypes (model config, environment)"
+MAMBA2_ATTENTION = "--attention-backend (Mamba2 checked)"
 LAYER_SCAN = "sglang's prefill graph setup (layers without attention)"
 
 
@@ -51,11 +53,15 @@ def model_dirs(tmp_path_factory):
     families = ("qwen3_next", "kimi_linear", "nemotron_h", "falcon_h1", "lfm2", "llama", "granite_moe_hybrid")  # fmt: skip
     dirs = {family: write_config(family, root / family) for family in families}
     # NemotronH of Mamba2 and attention layers only: sglang's prefill graph
-    # setup finds an attention module in each (tiny_configs' "M*M-" has an MLP).
-    config = _nemotron_h(hybrid_override_pattern="M*M")
-    config.architectures = ["NemotronHForCausalLM"]
-    config.save_pretrained(root / "nemotron_h_no_mlp")
-    dirs["nemotron_h_no_mlp"] = str(root / "nemotron_h_no_mlp")
+    # setup finds an attention module in each (tiny_configs' "M*M-" has an MLP);
+    # bfloat16 and one group, as the H200 runs checked (MAMBA2_CHECKED), and
+    # with 8 groups.
+    for name, groups in (("nemotron_h_no_mlp", 1), ("nemotron_h_no_mlp_8_groups", 8)):
+        config = _nemotron_h(hybrid_override_pattern="M*M", mamba_n_groups=groups)
+        config.architectures = ["NemotronHForCausalLM"]
+        config.dtype = torch.bfloat16
+        config.save_pretrained(root / name)
+        dirs[name] = str(root / name)
     return dirs
 
 
@@ -76,16 +82,23 @@ CASES = {
     # The rest of the Mamba2 family's conditions, with MAMBA2_FULL_PREFILL_GRAPH on.
     MAMBA2_MIXER: ("lfm2", {}, {}, True, "h200"),
     LAYER_SCAN: ("granite_moe_hybrid", {}, {}, True, "h200"),
-    "--enable-mixed-chunk": ("nemotron_h_no_mlp", {"enable_mixed_chunk": True}, {}, True, "h200"),
-    "--speculative-algorithm": ("nemotron_h_no_mlp", {"speculative_algorithm": "NGRAM"}, {}, True, "h200"),
-    "--enable-two-batch-overlap": ("nemotron_h_no_mlp", {"enable_two_batch_overlap": True}, {}, True, "h200"),
+    "--enable-mixed-chunk": ("nemotron_h_no_mlp", {"attention_backend": "flashinfer", "enable_mixed_chunk": True}, {}, True, "h200"),
+    "--speculative-algorithm": ("nemotron_h_no_mlp", {"attention_backend": "flashinfer", "speculative_algorithm": "NGRAM"}, {}, True, "h200"),
+    "--enable-two-batch-overlap": ("nemotron_h_no_mlp", {"attention_backend": "flashinfer", "enable_two_batch_overlap": True}, {}, True, "h200"),
+    "--dtype": ("nemotron_h_no_mlp", {"dtype": "float16", "attention_backend": "flashinfer"}, {}, True, "h200"),
+    MAMBA2_ATTENTION: ("nemotron_h_no_mlp", {"attention_backend": "fa3"}, {}, True, "h200"),
+    MAMBA2_UNCHECKED: ("nemotron_h_no_mlp_8_groups", {"attention_backend": "flashinfer"}, {}, True, "h200"),
 }  # fmt: skip
 EXTRA_CASES = {
     # The switch off, through the family's short-conv backend (LFM2: ShortConvAttnBackend).
     f"{MAMBA2_SWITCH} (LFM2)": ("lfm2", {}, {}, True, "h200"),
+    # fa3 (sglang's default here; refused for Mamba2 as well): with flashinfer,
+    # upstream turns the full prefill graph off under --enable-unified-memory.
     f"{GDN_PAGE_MAJOR} (Mamba2)": ("nemotron_h_no_mlp", {"enable_unified_memory": True}, {}, True, "h200"),
     # The layer scan on NemotronH: tiny_configs' "M*M-" has an MLP-only layer.
     f"{LAYER_SCAN} (NemotronH)": ("nemotron_h", {}, {}, True, "h200"),
+    # The SSM state dtype outside what the H200 runs checked.
+    f"{MAMBA2_UNCHECKED} (Mamba2)": ("nemotron_h_no_mlp", {"attention_backend": "flashinfer"}, {"SGLANG_MAMBA_SSM_DTYPE": "bfloat16"}, True, "h200"),
 }  # fmt: skip
 # The cases judged with MAMBA2_FULL_PREFILL_GRAPH on.
 MAMBA2_ON = {
@@ -96,6 +109,10 @@ MAMBA2_ON = {
     "--speculative-algorithm",
     "--enable-two-batch-overlap",
     f"{GDN_PAGE_MAJOR} (Mamba2)",
+    "--dtype",
+    MAMBA2_ATTENTION,
+    MAMBA2_UNCHECKED,
+    f"{MAMBA2_UNCHECKED} (Mamba2)",
 }
 # Refusals without a tiny config to resolve: the family-level refusal is the
 # code path the Mamba2/short-conv cases took before MAMBA2_FULL_PREFILL_GRAPH.
@@ -187,6 +204,16 @@ def test_explicit_full_is_refused_at_config_time(model_dirs, monkeypatch, case_i
             else "GraniteMoeHybrid's"
         )
         assert f"finds no attention module in {layers}" in " ".join(message.split())
+    if case_id == "--dtype":
+        assert "checked on a GPU in bfloat16 only" in message
+        assert "serves in float16" in message and "set --dtype bfloat16" in message
+    if case_id == MAMBA2_ATTENTION:
+        assert "with the flashinfer attention backend only, not fa3" in message
+        assert "set --attention-backend flashinfer" in message
+    if case_id == MAMBA2_UNCHECKED:
+        assert "this model has 8 groups (mamba_n_groups)" in message
+    if case_id == f"{MAMBA2_UNCHECKED} (Mamba2)":
+        assert "this model has bfloat16 SSM / bfloat16 conv states" in message
     if case_id in MAMBA2_ON - {MAMBA2_MIXER}:
         assert "Mamba2" in message
 
@@ -364,18 +391,15 @@ def test_the_model_reads_the_gpu_from_sglangs_platform_probes(model_dirs):
 
 
 @pytest.mark.parametrize("family", ["nemotron_h_no_mlp", "falcon_h1"])
-def test_mamba2_captures_with_the_switch_on_and_is_refused_with_it_off(
+def test_mamba2_captures_as_shipped_and_is_refused_with_the_switch_off(
     model_dirs, monkeypatch, family
 ):
     """A plain Mamba2 hybrid (NemotronH of Mamba2 and attention layers,
-    Falcon-H1) with the resolved defaults:
-    with the switch on, the explicit full prefill graph stays full at config
-    time and the capture-time check passes on the live Mamba2 backend; with it
-    off (as shipped) it is refused as before."""
-    case = (family, {}, {}, True, "h200")
-    with pytest.raises(ValueError, match="Mamba2/short-conv linear attention has no"):
-        resolve(model_dirs, case)
-    monkeypatch.setattr(capability, "MAMBA2_FULL_PREFILL_GRAPH", True)
+    Falcon-H1) in bfloat16 with the resolved defaults: as shipped, the explicit
+    full prefill graph stays full at config time and the capture-time check
+    passes on the live Mamba2 backend; with the switch off it is refused at both."""
+    case = (family, {"dtype": "bfloat16", "attention_backend": "flashinfer"}, {}, True, "h200")  # fmt: skip
+    assert capability.MAMBA2_FULL_PREFILL_GRAPH is True
     args = resolve(model_dirs, case)
     assert prefill_backend(args) == Backend.FULL
     with simulated_gpu("h200"):
@@ -391,6 +415,8 @@ def test_mamba2_captures_with_the_switch_on_and_is_refused_with_it_off(
                 capability.require_capturable_full_prefill_graph(
                     linear, prefill_runner()
                 )
+    with pytest.raises(ValueError, match="Mamba2/short-conv linear attention has no"):
+        resolve(model_dirs, case)
 
 
 def test_mamba1_mixer_is_refused_with_the_switch_on(monkeypatch):
@@ -407,11 +433,14 @@ def test_mamba1_mixer_is_refused_with_the_switch_on(monkeypatch):
 
 
 @pytest.mark.parametrize("family", ["granite_moe_hybrid", "nemotron_h"])
-def test_layer_scan_refusal_only_with_the_switch_on(model_dirs, family):
-    """With the switch off (as shipped) the models sglang's prefill graph setup
-    turns off are refused exactly as the rest of the family, one reason, word
-    for word; the layer scan's reason appears only with the switch on."""
+def test_layer_scan_refusal_only_with_the_switch_on(model_dirs, monkeypatch, family):
+    """With the switch off the models sglang's prefill graph setup turns off are
+    refused exactly as the rest of the family, one reason, word for word; the
+    layer scan's reason appears only with the switch on (as shipped)."""
     case = (family, {}, {}, True, "h200")
+    with pytest.raises(ValueError, match="captures no prefill graph for this model"):
+        resolve(model_dirs, case)
+    monkeypatch.setattr(capability, "MAMBA2_FULL_PREFILL_GRAPH", False)
     with pytest.raises(ValueError) as err:
         resolve(model_dirs, case)
     arch = {"granite_moe_hybrid": "GraniteMoeHybridForCausalLM", "nemotron_h": "NemotronHForCausalLM"}[family]  # fmt: skip

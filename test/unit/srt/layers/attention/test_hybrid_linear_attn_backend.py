@@ -102,13 +102,15 @@ def test_upstream_crashes_on_the_same_call(monkeypatch):
 @pytest.mark.parametrize(
     "linear_cls, mode",
     [
-        (Mamba2AttnBackend, ForwardMode.EXTEND),  # other families: upstream path
+        # Mamba2 with its switch off: upstream path, as every other family
+        (Mamba2AttnBackend, ForwardMode.EXTEND),
         (None, ForwardMode.DECODE),  # GDN decode graphs: upstream path
         (None, ForwardMode.TARGET_VERIFY),
         (KDAAttnBackend, ForwardMode.DECODE),  # KDA decode graphs: upstream path
     ],
 )
-def test_every_other_call_takes_the_upstream_path(linear_cls, mode):
+def test_every_other_call_takes_the_upstream_path(monkeypatch, linear_cls, mode):
+    monkeypatch.setattr(capability, "MAMBA2_FULL_PREFILL_GRAPH", False)
     linear = linear_cls.__new__(linear_cls) if linear_cls else make_gdn()
     linear.init_forward_metadata_out_graph = _Recorder().init_forward_metadata_out_graph
     recorded = linear.init_forward_metadata_out_graph.__self__.calls
@@ -309,8 +311,8 @@ def _mamba2_captured_and_replayed(case, track):
     return backend, captured
 
 
-def test_mamba2_switch_ships_off():
-    assert capability.MAMBA2_FULL_PREFILL_GRAPH is False
+def test_mamba2_switch_ships_on():
+    assert capability.MAMBA2_FULL_PREFILL_GRAPH is True
 
 
 def test_plain_extend_on_mamba2_runs_on_the_buckets_static_metadata():
