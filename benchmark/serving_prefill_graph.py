@@ -10,7 +10,9 @@ captures it). Every server gets the same flags but --cuda-graph-backend-prefill.
 Model: `qwen3-next-80b-a3b-fp8`: Qwen3-Next-80B-A3B's published dimensions (48
 layers: 36 GDN + 12 attention, hidden 2048, 512 experts top-10, vocab 151936)
 with the FP8 checkpoint's block quantization ([128, 128], e4m3), --load-format
-dummy (speed only: every output is noise). `tiny`: test/tiny_configs.py's 4-layer
+dummy (speed only: every output is noise). `falcon-h1-7b`: Falcon-H1-7B's
+(Mamba2 beside attention in 44 layers, bfloat16), every mode with
+--attention-backend flashinfer (the Mamba2 full graph's checked backend). `tiny`: test/tiny_configs.py's 4-layer
 Qwen3-Next, for a dry run of this script. A synthetic word-level tokenizer of the
 model's vocabulary is written beside the config (no hub access); prompts are
 random token ids (dataset random-ids, --tokenize-prompt).
@@ -109,7 +111,45 @@ def tiny_qwen3_next(path: Path) -> None:
     add_qwen3_next_layout(path)
 
 
-MODELS = {"qwen3-next-80b-a3b-fp8": qwen3_next_80b_a3b_fp8, "tiny": tiny_qwen3_next}
+def falcon_h1_7b(path: Path, layers: int = 44) -> None:
+    """Falcon-H1-7B's published dimensions (each of 44 layers: attention, 12 / 2
+    heads of 128, beside Mamba2, 24 heads of 128, state 256, one group, chunk
+    128; hidden 3072, MLP 12288, vocab 130048), bfloat16 as published: the
+    Mamba2 full prefill graph's checked configuration (MAMBA2_CHECKED) but for
+    the attention backend, which SERVER_ARGS sets for every mode."""
+    from sglang.srt.configs import FalconH1Config
+
+    config = FalconH1Config(
+        vocab_size=130048,
+        hidden_size=3072,
+        intermediate_size=12288,
+        num_hidden_layers=layers,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        head_dim=128,
+        mamba_d_ssm=3072,
+        mamba_n_heads=24,
+        mamba_d_head=128,
+        mamba_n_groups=1,
+        mamba_d_state=256,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_chunk_size=128,
+        max_position_embeddings=32768,
+        tie_word_embeddings=False,
+    )
+    config.architectures = ["FalconH1ForCausalLM"]
+    config.dtype = "bfloat16"
+    config.save_pretrained(path)
+
+
+MODELS = {
+    "qwen3-next-80b-a3b-fp8": qwen3_next_80b_a3b_fp8,
+    "falcon-h1-7b": falcon_h1_7b,
+    "tiny": tiny_qwen3_next,
+}
+# Flags a model's servers get in every mode (before the command line's own).
+SERVER_ARGS = {"falcon-h1-7b": ["--attention-backend", "flashinfer"]}
 
 
 def word_level_tokenizer(path: Path) -> None:
@@ -145,6 +185,7 @@ def server_command(model_dir: Path, mode: str, port: int, args) -> list:
         "--cuda-graph-backend-prefill", mode,
         "--context-length", str(args.context_length),
         "--mem-fraction-static", str(args.mem_fraction_static),
+        *SERVER_ARGS.get(args.model, []),
         *args.server_args,
     ]  # fmt: skip
 

@@ -2,6 +2,7 @@
 resolves as the published Qwen3-Next-80B-A3B-FP8 checkpoint does (sglang's own
 ModelConfig dtype and quantization resolution, on CPU)."""
 
+import pytest
 import torch
 from benchmark_modules import load_benchmark
 from transformers import AutoConfig
@@ -19,6 +20,36 @@ def test_served_model_is_bfloat16_with_fp8_blocks(tmp_path):
     assert _get_and_verify_dtype(config, "auto") == torch.bfloat16
     assert config.quantization_config["weight_block_size"] == [128, 128]
     assert config.num_hidden_layers == 4 and config.full_attention_interval == 4
+
+
+def test_served_falcon_h1_captures_the_full_graph_with_its_server_args(tmp_path):
+    """The Mamba2 serving model resolves through sglang's resolution (on a
+    simulated H200) to a full prefill graph with the flags every mode gets,
+    and is refused without them (sglang picks fa3 there): the serving run
+    measures the captured graph, not a refusal."""
+    from resolution import prefill_backend, resolved
+
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    bench = load_benchmark("serving_prefill_graph")
+    bench.falcon_h1_7b(tmp_path, layers=2)
+    flags = bench.SERVER_ARGS["falcon-h1-7b"]
+    assert flags == ["--attention-backend", "flashinfer"]
+    args = resolved(
+        str(tmp_path), gpu="h200", cuda_graph_backend_prefill="full",
+        attention_backend=flags[1],
+    )  # fmt: skip
+    assert prefill_backend(args) == Backend.FULL
+    with pytest.raises(ValueError, match="set --attention-backend flashinfer"):
+        resolved(str(tmp_path), gpu="h200", cuda_graph_backend_prefill="full")
+    command = bench.server_command(tmp_path, "full", 1, _Args("falcon-h1-7b"))
+    assert command[-2:] == flags
+
+
+class _Args:
+    def __init__(self, model):
+        self.model, self.context_length, self.mem_fraction_static = model, 4096, 0.8
+        self.server_args = []
 
 
 def _row(mode, inp, outp, ratio, rate, conc, ttft):
