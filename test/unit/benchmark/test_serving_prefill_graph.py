@@ -2,6 +2,8 @@
 resolves as the published Qwen3-Next-80B-A3B-FP8 checkpoint does (sglang's own
 ModelConfig dtype and quantization resolution, on CPU)."""
 
+import json
+
 import pytest
 import torch
 from benchmark_modules import load_benchmark
@@ -128,3 +130,51 @@ def test_every_run_draws_its_own_prompts():
         label in {run[0] for run in bench.WORKLOADS[w]}
         for w, label in bench.WARMUP.items()
     )
+
+
+# A stand-in for sglang.benchmark.serving: cli_main reads its argv as the real
+# one does (sys.argv), writes one JSONL row to --output-file, or fails on seed 7.
+FAKE_SERVING = """
+import json, os, sys
+
+def cli_main():
+    argv = sys.argv[1:]
+    seed = argv[argv.index("--seed") + 1]
+    if seed == "7":
+        raise RuntimeError("server gone")
+    path = argv[argv.index("--output-file") + 1]
+    with open(path, "a") as f:
+        f.write(json.dumps({"median_ttft_ms": float(seed), "client_pid": os.getpid()}) + "\\n")
+    print("benchmark done", seed)
+"""
+
+
+def test_one_client_process_runs_every_benchmark_of_a_server(tmp_path, monkeypatch):
+    """bench() sends its sglang.benchmark.serving command line to one client
+    process, which runs cli_main on it: every run in the same process, a failed
+    run reported without ending the client."""
+    (tmp_path / "fake_serving.py").write_text(FAKE_SERVING)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    bench = load_benchmark("serving_prefill_graph")
+    client = bench.BenchClient("fake_serving")
+    try:
+        pids = []
+        for seed in (1, 2):
+            out = tmp_path / f"run{seed}.jsonl"
+            argv = ["--seed", str(seed), "--output-file", str(out)]
+            status, output = client.run(argv, timeout=60)
+            assert (status, output.strip()) == ("ok", f"benchmark done {seed}")
+            pids.append(json.loads(out.read_text())["client_pid"])
+        assert pids[0] == pids[1] == client.proc.pid
+        status, _ = client.run(["--seed", "7"], timeout=60)
+        assert status == "RuntimeError: server gone"
+        status, _ = client.run(["--seed", "3", "--output-file", str(out)], timeout=60)
+        assert status == "ok"
+        # bench() on the client: the run's row, its command as the CLI's
+        run = ("1 x 16 tokens", 16, 1, 1.0, float("inf"), 1, 40)
+        cmd, result = bench.bench(tmp_path, 1234, run, 1.0, tmp_path, client=client)
+        assert cmd[1:3] == ["-m", "sglang.benchmark.serving"]
+        assert result["median_ttft_ms"] == bench.run_seed("1 x 16 tokens")
+    finally:
+        client.close()
+    assert client.proc.poll() is not None
