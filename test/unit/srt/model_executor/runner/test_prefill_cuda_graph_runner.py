@@ -26,6 +26,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import (
     PrefillCudaGraphRunner,
 )
+from sglang_graphfix.srt import full_prefill_graph_capability as capability
 from sglang_graphfix.srt.model_executor.runner import prefill_cuda_graph_runner as ours
 
 SLOTS = 4
@@ -163,6 +164,14 @@ def test_decode_replay_finds_state_after_the_prefill_capture():
 DISABLED = "--cuda-graph-backend-prefill disabled"
 
 
+@pytest.fixture
+def mamba2_switch_off(monkeypatch):
+    """The Mamba2 family refused as a whole (MAMBA2_FULL_PREFILL_GRAPH off; with
+    it on, what a Mamba2 backend can capture is judged on its model config, in
+    test_full_prefill_graph_capability)."""
+    monkeypatch.setattr(capability, "MAMBA2_FULL_PREFILL_GRAPH", False)
+
+
 @pytest.mark.parametrize(
     "linear, flag",
     [
@@ -171,7 +180,9 @@ DISABLED = "--cuda-graph-backend-prefill disabled"
         (make_gdn(extend_kernel=object()), "--linear-attn-prefill-backend triton"),
     ],
 )  # fmt: skip
-def test_uncapturable_linear_extend_fails_before_capture(linear, flag):
+def test_uncapturable_linear_extend_fails_before_capture(
+    mamba2_switch_off, linear, flag
+):
     linear = with_graph_lists(linear)
     called = []
     with pytest.raises(ValueError, match=flag) as err:
@@ -180,7 +191,7 @@ def test_uncapturable_linear_extend_fails_before_capture(linear, flag):
     assert DISABLED in str(err.value)
 
 
-def test_mamba2_error_names_the_backend():
+def test_mamba2_error_names_the_backend(mamba2_switch_off):
     with pytest.raises(
         ValueError,
         match=r"cannot capture this Mamba2/short-conv extend \(Mamba2AttnBackend\)",
