@@ -351,6 +351,11 @@ def main() -> None:
         help="with --profile: which prefill backends, in order (one engine each)",
     )
     args = parser.parse_args()
+    unknown = set(args.backends.split(",")) - set(PREFILL)
+    if unknown or (
+        args.backends != parser.get_default("backends") and not args.profile
+    ):
+        parser.error(f"--backends takes {', '.join(PREFILL)} and needs --profile")
     if args.plot:
         plot()
     elif args.profile:

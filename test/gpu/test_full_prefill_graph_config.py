@@ -53,10 +53,13 @@ def _nemotron_h_m_star(path):
     return str(path)
 
 
+# Mamba2: refused outside the configuration the H200 runs checked (these configs
+# name no dtype: sglang serves them in float16).
+_MAMBA2_DTYPE = "checked on a GPU in bfloat16 only; this model serves in float16"
 REFUSED = {
     # name: (config-only model dir builder, attention backend, what the error names)
-    "nemotron_h_m_star": (_nemotron_h_m_star, "flashinfer", ["NemotronHForCausalLM", "Mamba2/short-conv"]),
-    "falcon_h1": (lambda p: write_config("falcon_h1", p), "flashinfer", ["FalconH1ForCausalLM", "Mamba2/short-conv"]),
+    "nemotron_h_m_star": (_nemotron_h_m_star, "flashinfer", ["NemotronHForCausalLM", "Mamba2/short-conv", _MAMBA2_DTYPE, "have 8"]),
+    "falcon_h1": (lambda p: write_config("falcon_h1", p), "flashinfer", ["FalconH1ForCausalLM", "Mamba2/short-conv", _MAMBA2_DTYPE]),
     "qwen3_next_triton": (lambda p: write_config("qwen3_next", p), "triton", ["Qwen3NextForCausalLM", "GDN", "full-attention backend triton"]),
 }  # fmt: skip
 

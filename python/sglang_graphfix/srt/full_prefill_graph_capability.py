@@ -94,7 +94,9 @@ MAMBA2_CHECKED = {
     "dtype": "bfloat16",
     "groups": 1,
     "state": ("float32", "bfloat16"),
-    "attention": "flashinfer",  # the engines' attention backend (fa3: GDN only)
+    # The Mamba2 engines ran flashinfer; fa3 under a full graph was checked on
+    # GDN models only.
+    "attention": "flashinfer",
 }
 
 
@@ -124,8 +126,8 @@ class Settings:
     # phrase, prefill_graph_layer_gap); None: none, or not known here.
     layer_gap: str | None = None
     model_dtype: str | None = None  # the weights' dtype as served; None: unknown
-    # What of a Mamba2 model the GPU checks did not cover (mamba2_unchecked).
-    mamba2_unchecked: str | None = None
+    mamba_groups: int | None = None  # groups of the Mamba2 mixers; None: unknown
+    mamba_state_dtypes: tuple[str, str] | None = None  # (SSM, conv); None: unknown
 
 
 @dataclass(frozen=True)
@@ -280,8 +282,9 @@ _MIXERS = {
     "short-conv": "short-conv layers (ShortConvAttnBackend: LFM2, ZAYA1)",
 }
 _PAGE_MAJOR = "--enable-page-major-kv-layout / --enable-unified-memory"
-_MAMBA2_UNCHECKED = "Mamba2 groups / state dtypes (model config, environment)"
 _MAMBA2_ATTENTION = "--attention-backend (Mamba2 checked)"
+_MAMBA2_GROUPS = "mamba_n_groups (model config)"
+_MAMBA2_STATE = "--mamba-ssm-dtype / SGLANG_MAMBA_CONV_DTYPE"
 
 
 def _mamba2_extend_captured(s: Settings) -> bool:
@@ -408,16 +411,18 @@ MAMBA2_CONDITIONS = (
         ),
         reason=lambda s: (
             f"the captured Mamba2 extend is checked on a GPU in "
-            f"{MAMBA2_CHECKED['dtype']} only; this model serves in {s.model_dtype} "
-            "(sglang's dtype 'auto' serves float16 when the config names no dtype)"
+            f"{MAMBA2_CHECKED['dtype']} only; this model serves in {s.model_dtype}"
         ),
         fix=lambda s: f"set --dtype {MAMBA2_CHECKED['dtype']}",
     ),
+    # Only where the backend plans a full extend at all (else the attention
+    # conditions below refuse it, advising the Mamba2-checked backend).
     Condition(
         setting=_MAMBA2_ATTENTION,
         violated=lambda s: (
             _mamba2_extend_captured(s)
-            and s.attention_backend not in (None, MAMBA2_CHECKED["attention"])
+            and s.attention_backend in FULL_PREFILL_ATTENTION_BACKENDS
+            and s.attention_backend != MAMBA2_CHECKED["attention"]
         ),
         reason=lambda s: (
             "the captured Mamba2 extend is checked on a GPU with the "
@@ -427,14 +432,30 @@ MAMBA2_CONDITIONS = (
         fix=lambda s: f"set --attention-backend {MAMBA2_CHECKED['attention']}",
     ),
     Condition(
-        setting=_MAMBA2_UNCHECKED,
-        violated=lambda s: _mamba2_extend_captured(s) and s.mamba2_unchecked,
+        setting=_MAMBA2_GROUPS,
+        violated=lambda s: (
+            _mamba2_extend_captured(s)
+            and s.mamba_groups not in (None, MAMBA2_CHECKED["groups"])
+        ),
         reason=lambda s: (
-            "the captured Mamba2 extend is checked on a GPU with one group and "
-            "{} SSM / {} conv states only; this model has {}".format(
-                *MAMBA2_CHECKED["state"], s.mamba2_unchecked
+            "the captured Mamba2 extend is checked on a GPU with "
+            f"{MAMBA2_CHECKED['groups']} group only; this model's Mamba2 layers "
+            f"have {s.mamba_groups}"
+        ),
+    ),
+    Condition(
+        setting=_MAMBA2_STATE,
+        violated=lambda s: (
+            _mamba2_extend_captured(s)
+            and s.mamba_state_dtypes not in (None, MAMBA2_CHECKED["state"])
+        ),
+        reason=lambda s: (
+            "the captured Mamba2 extend is checked on a GPU with {} SSM / {} conv "
+            "states only; this server has {} / {}".format(
+                *MAMBA2_CHECKED["state"], *s.mamba_state_dtypes
             )
         ),
+        fix=lambda s: _keep_full_with_mamba2_state(s),
     ),
     Condition(
         setting=_PAGE_MAJOR,
@@ -448,26 +469,35 @@ MAMBA2_CONDITIONS = (
 )
 
 
-def mamba2_unchecked(model_config) -> str | None:
-    """What of a Mamba2-family model the GPU checks did not cover (MAMBA2_CHECKED:
-    groups as its mixer reads them, state dtypes as sglang sizes its pools), as a
-    phrase; None when all is covered or the model is not of the family."""
+def mamba2_model_facts(model_config) -> dict:
+    """The Mamba2 conditions' facts a model config decides (at config and at
+    capture time alike): the layers sglang's prefill-graph setup skips, the
+    dtype the weights are served in, the mixers' groups (NemotronH, Falcon-H1
+    and Granite build MambaMixer2 from mamba_n_groups, pure Mamba2 from
+    n_groups) and the state pools' dtypes (mamba2_state_dtype: the config's
+    mamba_ssm_dtype, --mamba-ssm-dtype / SGLANG_MAMBA_SSM_DTYPE,
+    SGLANG_MAMBA_CONV_DTYPE)."""
     config = mamba2_config(model_config)
     if config is None or _is_inkling(model_config):
-        return None
-    found = []
-    # NemotronH, Falcon-H1 and Granite build MambaMixer2 from mamba_n_groups.
-    groups = getattr(config, "mamba_n_groups", None) or getattr(config, "n_groups", 1)
-    if groups != MAMBA2_CHECKED["groups"]:
-        found.append(f"{groups} groups (mamba_n_groups)")
+        return {"layer_gap": prefill_graph_layer_gap(model_config)}
     state = mamba2_state_dtype(config)
-    names = (_dtype_name(state.temporal), _dtype_name(state.conv))
-    if names != MAMBA2_CHECKED["state"]:
-        found.append(
-            f"{names[0]} SSM / {names[1]} conv states (the config's mamba_ssm_dtype, "
-            "SGLANG_MAMBA_SSM_DTYPE, SGLANG_MAMBA_CONV_DTYPE)"
-        )
-    return ", ".join(found) or None
+    return {
+        "layer_gap": prefill_graph_layer_gap(model_config),
+        "model_dtype": _dtype_name(model_config.dtype),
+        "mamba_groups": getattr(config, "mamba_n_groups", None)
+        or getattr(config, "n_groups", None),
+        "mamba_state_dtypes": (_dtype_name(state.temporal), _dtype_name(state.conv)),
+    }
+
+
+def _keep_full_with_mamba2_state(s: Settings) -> str:
+    ssm, conv = MAMBA2_CHECKED["state"]
+    fixes = []
+    if s.mamba_state_dtypes[0] != ssm:
+        fixes.append(f"set --mamba-ssm-dtype {ssm}")
+    if s.mamba_state_dtypes[1] != conv:
+        fixes.append(f"set SGLANG_MAMBA_CONV_DTYPE={conv}")
+    return "; ".join(fixes)
 
 
 def _dtype_name(dtype) -> str:
@@ -613,6 +643,8 @@ def capturing_attention_backends(*, mla: bool, sm: int) -> tuple[str, ...]:
 
 def _keep_full_with_attention(s: Settings) -> str | None:
     advised = capturing_attention_backends(mla=s.mla, sm=s.sm)
+    if s.family == _MAMBA2_FAMILY and _mamba2_extend_captured(s):
+        advised = tuple(b for b in advised if b == MAMBA2_CHECKED["attention"])
     return "set --attention-backend " + " / ".join(advised) if advised else None
 
 
@@ -721,14 +753,18 @@ def judge(settings: Settings, label: str | None = None) -> FullPrefillGraphSuppo
     if family is not None and not family.captures:
         reasons.append(_NO_CAPTURABLE_EXTEND.format(family=label or family.name))
         violated.append(family.name)
+    keepable = not reasons
     for condition in conditions_for(settings):
         if not condition.violated(settings):
             continue
         reasons.append(condition.reason(settings))
         violated.append(condition.setting)
         fix = condition.fix(settings) if condition.fix else None
+        keepable = keepable and bool(fix)
         if fix and fix not in fixes:
             fixes.append(fix)
+    if not keepable:  # flags that would not keep the full graph: none advised
+        fixes = []
     return FullPrefillGraphSupport(
         architecture=settings.architecture,
         linear_attention=label or settings.family,
@@ -820,9 +856,7 @@ def settings_from_server_args(server_args: Any) -> tuple[Settings, str | None]:
                 mixed_chunk=bool(cfg.enable_mixed_chunk),
                 speculative=cfg.speculative_algorithm is not None,
                 two_batch_overlap=bool(cfg.enable_two_batch_overlap),
-                layer_gap=prefill_graph_layer_gap(model_config),
-                model_dtype=_dtype_name(model_config.dtype),
-                mamba2_unchecked=mamba2_unchecked(model_config),
+                **mamba2_model_facts(model_config),
             )
             if family is not None and family.name == _MAMBA2_FAMILY
             else {}
@@ -889,9 +923,7 @@ def _mamba2_runtime_facts(linear) -> dict:
         mixed_chunk=bool(get_schedule().enable_mixed_chunk),
         speculative=get_spec().speculative_algorithm is not None,
         two_batch_overlap=bool(get_exec().overlap.enable_two_batch_overlap),
-        layer_gap=model_config and prefill_graph_layer_gap(model_config),
-        model_dtype=model_config and _dtype_name(model_config.dtype),
-        mamba2_unchecked=model_config and mamba2_unchecked(model_config),
+        **(mamba2_model_facts(model_config) if model_config else {}),
     )
 
 

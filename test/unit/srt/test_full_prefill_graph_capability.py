@@ -14,7 +14,7 @@ import torch
 from gdn_stub import make_gdn
 from kda_stub import make_kda
 from resolution import prefill_backend, resolved
-from tiny_configs import _nemotron_h, write_config
+from tiny_configs import FAMILIES, _nemotron_h, write_config
 
 from sglang.srt.arg_groups.overrides import model_config_of
 from sglang.srt.arg_groups.overrides import use_mla_backend as uses_mla
@@ -42,8 +42,9 @@ GDN_PAGE_MAJOR = "--enable-page-major-kv-layout / --enable-unified-memory"
 KDA_SWITCH = capability.KDA_CONDITIONS[0].setting
 MAMBA2_SWITCH = capability.MAMBA2_CONDITIONS[0].setting
 MAMBA2_MIXER = "Mamba2/short-conv (mixer)"
-MAMBA2_UNCHECKED = "Mamba2 groups / state dtypes (model config, environment)"
 MAMBA2_ATTENTION = "--attention-backend (Mamba2 checked)"
+MAMBA2_GROUPS = "mamba_n_groups (model config)"
+MAMBA2_STATE = "--mamba-ssm-dtype / SGLANG_MAMBA_CONV_DTYPE"
 LAYER_SCAN = "sglang's prefill graph setup (layers without attention)"
 
 
@@ -62,6 +63,12 @@ def model_dirs(tmp_path_factory):
         config.dtype = torch.bfloat16
         config.save_pretrained(root / name)
         dirs[name] = str(root / name)
+    falcon = FAMILIES["falcon_h1"][0]()
+    falcon.mamba_n_groups = 2
+    falcon.architectures = ["FalconH1ForCausalLM"]
+    falcon.dtype = torch.bfloat16
+    falcon.save_pretrained(root / "falcon_h1_2_groups")
+    dirs["falcon_h1_2_groups"] = str(root / "falcon_h1_2_groups")
     return dirs
 
 
@@ -87,7 +94,8 @@ CASES = {
     "--enable-two-batch-overlap": ("nemotron_h_no_mlp", {"attention_backend": "flashinfer", "enable_two_batch_overlap": True}, {}, True, "h200"),
     "--dtype": ("nemotron_h_no_mlp", {"dtype": "float16", "attention_backend": "flashinfer"}, {}, True, "h200"),
     MAMBA2_ATTENTION: ("nemotron_h_no_mlp", {"attention_backend": "fa3"}, {}, True, "h200"),
-    MAMBA2_UNCHECKED: ("nemotron_h_no_mlp_8_groups", {"attention_backend": "flashinfer"}, {}, True, "h200"),
+    MAMBA2_GROUPS: ("nemotron_h_no_mlp_8_groups", {"attention_backend": "flashinfer"}, {}, True, "h200"),
+    MAMBA2_STATE: ("nemotron_h_no_mlp", {"attention_backend": "flashinfer", "mamba_ssm_dtype": "bfloat16"}, {}, True, "h200"),
 }  # fmt: skip
 EXTRA_CASES = {
     # The switch off, through the family's short-conv backend (LFM2: ShortConvAttnBackend).
@@ -98,7 +106,8 @@ EXTRA_CASES = {
     # The layer scan on NemotronH: tiny_configs' "M*M-" has an MLP-only layer.
     f"{LAYER_SCAN} (NemotronH)": ("nemotron_h", {}, {}, True, "h200"),
     # The SSM state dtype outside what the H200 runs checked.
-    f"{MAMBA2_UNCHECKED} (Mamba2)": ("nemotron_h_no_mlp", {"attention_backend": "flashinfer"}, {"SGLANG_MAMBA_SSM_DTYPE": "bfloat16"}, True, "h200"),
+    f"{MAMBA2_STATE} (Mamba2)": ("nemotron_h_no_mlp", {"attention_backend": "flashinfer"}, {"SGLANG_MAMBA_CONV_DTYPE": "float32"}, True, "h200"),
+    f"{MAMBA2_GROUPS} (Falcon-H1)": ("falcon_h1_2_groups", {"attention_backend": "flashinfer"}, {}, True, "h200"),
 }  # fmt: skip
 # The cases judged with MAMBA2_FULL_PREFILL_GRAPH on.
 MAMBA2_ON = {
@@ -111,8 +120,10 @@ MAMBA2_ON = {
     f"{GDN_PAGE_MAJOR} (Mamba2)",
     "--dtype",
     MAMBA2_ATTENTION,
-    MAMBA2_UNCHECKED,
-    f"{MAMBA2_UNCHECKED} (Mamba2)",
+    MAMBA2_GROUPS,
+    MAMBA2_STATE,
+    f"{MAMBA2_STATE} (Mamba2)",
+    f"{MAMBA2_GROUPS} (Falcon-H1)",
 }
 # Refusals without a tiny config to resolve: the family-level refusal is the
 # code path the Mamba2/short-conv cases took before MAMBA2_FULL_PREFILL_GRAPH.
@@ -133,7 +144,7 @@ ALL_CASES = {
 
 
 def _setting(case_id):
-    suffixes = ("(LFM2)", "(KDA)", "(Mamba2)", "(NemotronH)")
+    suffixes = ("(LFM2)", "(KDA)", "(Mamba2)", "(NemotronH)", "(Falcon-H1)")
     return case_id.rsplit(" (", 1)[0] if case_id.endswith(suffixes) else case_id
 
 
@@ -141,6 +152,9 @@ def _setting(case_id):
 def case_env(monkeypatch, case, case_id=None):
     _, _, env, kda_switch, _ = case
     with monkeypatch.context() as m:
+        # --mamba-ssm-dtype sets SGLANG_MAMBA_SSM_DTYPE in os.environ during
+        # resolution: restored after the case.
+        m.delenv("SGLANG_MAMBA_SSM_DTYPE", raising=False)
         for name, value in env.items():
             m.setenv(name, value)
         m.setattr(capability, "KDA_FULL_PREFILL_GRAPH", kda_switch)
@@ -185,7 +199,7 @@ def test_explicit_full_is_refused_at_config_time(model_dirs, monkeypatch, case_i
         assert "unset SGLANG_DISABLE_KDA_PREFILL_GRAPH_EXTEND" in message
     if case_id == "--linear-attn-verify-backend":
         assert "set --linear-attn-verify-backend triton" in message
-    if case_id == GDN_PAGE_MAJOR:
+    if _setting(case_id) == GDN_PAGE_MAJOR:
         assert "page-major KV layout" in message
     if case_id == KDA_SWITCH or case_id.startswith(MAMBA2_SWITCH):
         assert "has no capturable extend" in message
@@ -204,16 +218,25 @@ def test_explicit_full_is_refused_at_config_time(model_dirs, monkeypatch, case_i
             else "GraniteMoeHybrid's"
         )
         assert f"finds no attention module in {layers}" in " ".join(message.split())
+        # Nothing to set keeps the full graph (dtype and attention advice
+        # would not lift the layer scan's refusal).
+        assert "keep it" not in message
     if case_id == "--dtype":
         assert "checked on a GPU in bfloat16 only" in message
         assert "serves in float16" in message and "set --dtype bfloat16" in message
     if case_id == MAMBA2_ATTENTION:
         assert "with the flashinfer attention backend only, not fa3" in message
         assert "set --attention-backend flashinfer" in message
-    if case_id == MAMBA2_UNCHECKED:
-        assert "this model has 8 groups (mamba_n_groups)" in message
-    if case_id == f"{MAMBA2_UNCHECKED} (Mamba2)":
-        assert "this model has bfloat16 SSM / bfloat16 conv states" in message
+    if _setting(case_id) == MAMBA2_GROUPS:
+        groups = 2 if case_id.endswith("(Falcon-H1)") else 8
+        assert f"checked on a GPU with 1 group only; this model's Mamba2 layers have {groups}" in message  # fmt: skip
+        assert "keep it" not in message
+    if case_id == MAMBA2_STATE:
+        assert "float32 SSM / bfloat16 conv states only; this server has bfloat16 / bfloat16" in message  # fmt: skip
+        assert "keep it: set --mamba-ssm-dtype float32." in message
+    if case_id == f"{MAMBA2_STATE} (Mamba2)":
+        assert "this server has float32 / float32" in message
+        assert "keep it: set SGLANG_MAMBA_CONV_DTYPE=bfloat16." in message
     if case_id in MAMBA2_ON - {MAMBA2_MIXER}:
         assert "Mamba2" in message
 
@@ -472,3 +495,15 @@ def test_layer_gap_names_the_layers_sglangs_scan_misses(model_dirs):
         "granite_moe_hybrid": "GraniteMoeHybrid's Mamba2 layers",
         "qwen3_next": None,
     }
+
+
+def test_mamba2_attention_advice_names_the_checked_backend_only(model_dirs):
+    """A Mamba2 model with an attention backend that plans no full extend is
+    advised the backend the Mamba2 engines were checked with, not every backend
+    that plans one (fa3 would be refused next)."""
+    case = ("nemotron_h_no_mlp", {"attention_backend": "triton"}, {}, True, "h200")
+    with pytest.raises(ValueError) as err:
+        resolve(model_dirs, case)
+    message = str(err.value)
+    assert "plans no extend for a full prefill graph" in message
+    assert message.endswith("keep it: set --attention-backend flashinfer.")
