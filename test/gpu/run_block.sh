@@ -2,16 +2,20 @@
 # One GPU block on a bare H200, run in the background (setsid nohup) from the
 # repository root after the offline bundle is assembled and this package is
 # installed into /tmp/sglang-site: the named GPU test modules (the first alone,
-# the rest side by side), then benchmark/serving_prefill_graph.py. Everything
-# lands under $RES (default /tmp/res); RES/DONE marks the end. SUITE_TIMEOUT
-# (seconds, default 1200) bounds the side-by-side modules.
+# the rest side by side), then benchmark/serving_prefill_graph.py once per
+# further argument (its flags; one after another, alone on the GPU). Everything
+# lands under $RES (default /tmp/res; serving runs in RES/serving, RES/serving_2,
+# ...); RES/DONE marks the end. SUITE_TIMEOUT (seconds, default 1200) bounds the
+# side-by-side modules.
 #   GRAPHFIX_COMMIT=<sha> RES=/tmp/res bash test/gpu/run_block.sh \
-#       "first_module.py" "module_a.py module_b.py" "--quick --modes breakable,full"
+#       "first_module.py" "module_a.py module_b.py" "--quick --modes breakable,full" \
+#       "--model falcon-h1-7b --quick"
 set -u
 cd "$(dirname "$0")/../.."
 res=${RES:-/tmp/res}
 mkdir -p "$res"
-first=$1 side_by_side=$2 serving_args=$3
+first=$1 side_by_side=$2
+shift 2
 stamp() { echo "$(date -u +%H:%M:%S) $*" >>"$res/progress.log"; }
 stamp "start ${GRAPHFIX_COMMIT:-unset}"
 if [ -n "$first" ]; then
@@ -24,9 +28,12 @@ if [ -n "$side_by_side" ]; then
     $side_by_side >"$res/suite.out" 2>&1
   stamp "suite rc=$?"
 fi
-if [ -n "$serving_args" ]; then
-  SGLANG_ENABLE_JIT_DEEPGEMM=0 OUT="$res/serving" \
-    python3 benchmark/serving_prefill_graph.py $serving_args >"$res/serving.out" 2>&1
-  stamp "serving rc=$?"
-fi
+n=0
+for serving_args in "$@"; do
+  n=$((n + 1)) name=serving
+  [ $n -gt 1 ] && name=serving_$n
+  SGLANG_ENABLE_JIT_DEEPGEMM=0 OUT="$res/$name" \
+    python3 benchmark/serving_prefill_graph.py $serving_args >"$res/$name.out" 2>&1
+  stamp "$name ($serving_args) rc=$?"
+done
 touch "$res/DONE"
