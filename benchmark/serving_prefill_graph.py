@@ -46,12 +46,14 @@ import argparse
 import json
 import math
 import os
+import queue
 import re
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -299,9 +301,6 @@ class BenchClient:
     command line sent to it (``module``: the benchmark module, for tests)."""
 
     def __init__(self, module: str = "sglang.benchmark.serving"):
-        import queue
-        import threading
-
         self.proc = subprocess.Popen(
             [sys.executable, "-c", f"DONE = {DONE!r}\n" + CLIENT, module],
             stdin=subprocess.PIPE,
@@ -320,8 +319,6 @@ class BenchClient:
     def run(self, argv: list, timeout: float = 900) -> tuple:
         """(status, output): "ok", or why the run failed (the client's own
         failure included), and the end of what the run printed."""
-        import queue
-
         if self.proc.poll() is not None:
             return f"client exited with {self.proc.returncode}", ""
         self.proc.stdin.write(json.dumps(argv) + "\n")
@@ -370,7 +367,7 @@ def bench(
         "--disable-tqdm",
         "--output-file", str(jsonl),
     ] + (["--max-concurrency", str(conc)] if conc else [])  # fmt: skip
-    status, output = client.run(cmd[3:]) if client else ("no client", "")
+    status, _ = client.run(cmd[3:]) if client else ("no client", "")
     if status != "ok" or not jsonl.exists():
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if done.returncode != 0 or not jsonl.exists():

@@ -477,12 +477,13 @@ def mamba2_model_facts(model_config) -> dict:
     n_groups) and the state pools' dtypes (mamba2_state_dtype: the config's
     mamba_ssm_dtype, --mamba-ssm-dtype / SGLANG_MAMBA_SSM_DTYPE,
     SGLANG_MAMBA_CONV_DTYPE)."""
+    facts = {"layer_gap": prefill_graph_layer_gap(model_config)}
     config = mamba2_config(model_config)
     if config is None or _is_inkling(model_config):
-        return {"layer_gap": prefill_graph_layer_gap(model_config)}
+        return facts
     state = mamba2_state_dtype(config)
     return {
-        "layer_gap": prefill_graph_layer_gap(model_config),
+        **facts,
         "model_dtype": _dtype_name(model_config.dtype),
         "mamba_groups": getattr(config, "mamba_n_groups", None)
         or getattr(config, "n_groups", None),
