@@ -16,12 +16,14 @@ their output rows stay zero.
 The delta rule runs on the prefill kernel the backend was built with: sglang's
 Triton chunk kernels on the tables, or -- where FLASHINFER_GDN_CAPTURE_SM lets
 the backend keep sglang's Hopper default -- FlashInfer's GDN prefill, which
-takes ``cu_seqlens`` and state slots on the device and sizes its launch from
-tensor shapes. It picks its algorithm (context-parallel or not) from the number
-of sequences, here the table's request slots, so a replay may run the other
-algorithm than an eager batch of fewer requests. It also loads whole 64-token
+takes ``cu_seqlens`` on the device and sizes its launch from tensor shapes; its
+per-row states move from and to the pool for the rows with a request only
+(sgl-kernel's masked_state_rows), not for every request slot of the bucket. It
+picks its algorithm (context-parallel or not) from the number of sequences,
+here the table's request slots, so a replay may run the other algorithm than an
+eager batch of fewer requests. It also loads whole 64-token
 tiles and masks them by multiplying, so the token rows past the batch (which no
-conv block writes) are zeroed before it. The kernels are sglang's (and
+conv block writes) are zeroed before it. The delta-rule kernels are sglang's (and
 FlashInfer's) own; only their table arguments change.
 """
 
@@ -39,7 +41,10 @@ from sglang.kernels.ops.attention.fla.chunk_delta_h import (
 from sglang.kernels.ops.attention.fla.chunk_fwd import chunk_gated_delta_rule_fwd_intra
 from sglang.kernels.ops.attention.fla.chunk_o import chunk_fwd_kernel_o
 from sglang.kernels.ops.attention.fla.cumsum import chunk_local_cumsum
-from sglang.kernels.ops.attention.fla.l2norm import l2norm_fwd
+from sglang.kernels.ops.attention.fla.l2norm import (
+    gdn_prefill_qkv_prepare_fwd,
+    l2norm_fwd,
+)
 from sglang.kernels.ops.attention.linear.fused_gdn_gating import fused_gdn_gating
 from sglang.kernels.ops.attention.triton_gdn_fused_proj import (
     fused_qkv_split_gdn_prefill,
@@ -64,6 +69,10 @@ from sglang.srt.layers.attention.linear.kernels.gdn_flashinfer import (
 from sglang.srt.layers.attention.linear.utils import (
     LinearAttnBackends,
     LinearAttnKernelBackend,
+)
+from sglang_graphfix_kernel.masked_state_rows import (
+    gather_state_rows,
+    scatter_state_rows,
 )
 
 # The tables are KDA's; they describe GDN's chunking only because both use the
@@ -151,42 +160,60 @@ def rows_past_batch(meta) -> torch.Tensor:
 
 
 def flashinfer_delta_rule_on_tables(kernel, q, k, v, g, beta, ssm_states, meta, past):
-    """FlashInferGDNKernel.extend (GDNAttnBackend's call) on the bucket's tables.
-    Padding rows read and write the reserved padding slot, not FlashInfer's
-    stand-in for a negative slot (the pool's last, a live request's); tokens past
-    the batch (``past``, rows_past_batch: q/k/v zeroed by the caller, gates
-    here) keep zero output rows.
+    """FlashInferGDNKernel.extend's SM90 prefill (GDNAttnBackend's call; the
+    only FlashInfer prefill the graph captures, FLASHINFER_GDN_CAPTURE_SM) on the
+    bucket's tables, with the same kernel inputs for the real rows: l2-normalised
+    q/k, alpha = exp(g) and beta in fp32, int64 cu_seqlens, fp32 states.
+    Tokens past the batch (``past``, rows_past_batch: q/k/v zeroed by the
+    caller, gates here) keep zero output rows.
+
+    The states move between the pool and the kernel's per-row buffers only for
+    rows with a request (masked_state_rows), not for every request slot of the
+    bucket as the extend's ``ssm_states[indices]`` / ``index_copy_`` would: a
+    padding row (slot -1) is a zero-length sequence, whose state the kernel
+    neither reads nor writes, so its buffer rows stay unset and nothing is
+    written back for it; the reserved padding slot (which sglang's padded decode
+    rows read) is never written.
+
     With prefix-cache tracking, the kernel snapshots every 64-token chunk
     boundary into a buffer sized by the bucket, located per row by on-device
     starts: bucket/64 fp32 states per layer on every replay of a tracking bucket,
     where eager takes them only for a batch with a tracked row. Returns
-    (o, checkpoints or None)."""
-    slots = torch.where(meta.cache_indices >= 0, meta.cache_indices, _PADDING_SLOT)
+    (o, checkpoints [1, n, H, V, K] or None)."""
     pad = past.view(1, -1, 1)
     g, beta = g.masked_fill(pad, 0), beta.masked_fill(pad, 0)
     num_checkpoints = meta.num_tokens // CHUNK_SIZE if meta.track else 0
-    starts = None
-    if num_checkpoints:
-        starts = flashinfer_checkpoint_starts(meta.cu_seqlens)
-    o, _, checkpoints = kernel.extend(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        ssm_states=ssm_states,
-        cache_indices=slots,
-        query_start_loc=meta.cu_seqlens,
-        state_checkpoint_cu_starts=starts,
-        num_state_checkpoints=num_checkpoints,
-        state_checkpoint_every_n_tokens=CHUNK_SIZE if num_checkpoints else 0,
-        output=torch.zeros_like(v),
+    slots = meta.cache_indices
+    initial = ssm_states.new_empty(
+        (slots.shape[0], *ssm_states.shape[1:]), dtype=torch.float32
     )
-    # The kernel skips zero-length sequences, final state included, so the
-    # padding rows wrote uninitialised memory to the reserved slot, which
-    # sglang's padded decode rows read: keep it zero.
-    ssm_states[_PADDING_SLOT].zero_()
-    return o, checkpoints
+    gather_state_rows(ssm_states, slots, initial)
+    checkpoints = starts = None
+    if num_checkpoints:
+        checkpoints = initial.new_empty((num_checkpoints, *initial.shape[1:]))
+        starts = flashinfer_checkpoint_starts(meta.cu_seqlens)
+    q, k, v = gdn_prefill_qkv_prepare_fwd(q[0], k[0], v[0])
+    o, final = kernel._prefill_fn(
+        q=q,
+        k=k,
+        v=v,
+        g=torch.exp(g[0].to(torch.float32)),
+        beta=beta[0].to(torch.float32),
+        scale=None,
+        initial_state=initial,
+        output_final_state=True,
+        cu_seqlens=meta.cu_seqlens.to(torch.int64),
+        use_qk_l2norm_in_kernel=False,
+        output=torch.zeros_like(v),
+        output_state=torch.empty_like(initial),
+        state_checkpoints=checkpoints,
+        checkpoint_cu_starts=starts,
+        checkpoint_every_n_tokens=CHUNK_SIZE if num_checkpoints else 0,
+    )
+    scatter_state_rows(ssm_states, slots, final)
+    if checkpoints is not None:
+        checkpoints = checkpoints.unsqueeze(0)
+    return o.unsqueeze(0), checkpoints
 
 
 def flashinfer_checkpoint_starts(cu_seqlens: torch.Tensor) -> torch.Tensor:

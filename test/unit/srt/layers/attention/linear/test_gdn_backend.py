@@ -312,44 +312,62 @@ def test_flashinfer_snapshot_rows_match_sglangs_eager_checkpoint_plan(monkeypatc
 
 
 class _RecordingFlashInferKernel(gdn_flashinfer.FlashInferGDNKernel):
-    """FlashInferGDNKernel whose extend records its arguments (no GPU here)."""
+    """FlashInferGDNKernel whose prefill function (FlashInfer's
+    chunk_gated_delta_rule, no GPU here) records its arguments and keeps its state
+    contract: a sequence with tokens gets a final state (here its initial state
+    plus its length); a zero-length one's rows, initial and final, are neither
+    read nor written (its final row is left NaN here, as uninitialised memory)."""
 
     def __init__(self):
         self.calls = []
+        self._prefill_fn = self._prefill
 
-    def extend(self, q, k, v, g, beta, **kwargs):
-        self.calls.append({**kwargs, "inputs": (q, k, v, g, beta)})
-        checkpoints = kwargs["num_state_checkpoints"]
-        h = torch.zeros(1, checkpoints, *kwargs["ssm_states"].shape[1:])
-        return kwargs["output"], None, h if checkpoints else None
+    def _prefill(self, **kwargs):
+        self.calls.append(kwargs)
+        initial, final = kwargs["initial_state"], kwargs["output_state"]
+        final.fill_(float("nan"))
+        for row, n in enumerate(kwargs["cu_seqlens"].diff().tolist()):
+            if n:
+                final[row] = initial[row] + n
+        if kwargs["state_checkpoints"] is not None:
+            kwargs["state_checkpoints"].zero_()
+        return kwargs["output"], final
 
 
 def test_captured_extend_runs_the_flashinfer_kernel_on_the_tables(monkeypatch):
     """gdn_extend_in_graph with the backend's FlashInfer prefill kernel: it gets
-    the bucket's cu_seqlens, no negative state slot (FlashInfer would map it to
-    the pool's last slot, a live request's: padding rows use the padding slot 0),
-    one snapshot per 64 tokens of the bucket at the table's per-row starts, and a
-    zeroed output (tokens past the batch stay zero); the rows past the batch reach
-    it as zeros whatever the bucket's buffers held there (here NaN)."""
+    the bucket's cu_seqlens (int64), fp32 alpha = exp(g) and beta, one snapshot
+    per 64 tokens of the bucket at the table's per-row starts, and a zeroed
+    output (tokens past the batch stay zero); the rows past the batch reach it as
+    zeros whatever the bucket's buffers held there (here NaN). Only the real
+    requests' states move: each real slot's state comes back updated, the padding
+    request slot (-1) reads and writes no pool slot, so the reserved padding slot
+    stays zero and every other slot keeps its value."""
     meta, _ = _replayed_without_first_chunk_track(make_gdn())
+    assert meta.cache_indices.tolist() == [5, 9, 2, PAD_SLOT_ID]
     kernel = _RecordingFlashInferKernel()
     launched = {}
     _stub_kernels_around_flashinfer(monkeypatch, launched)
     out, ssm, a, b, real = _flashinfer_extend(meta, kernel)
     (call,) = kernel.calls
-    assert call["query_start_loc"] is meta.cu_seqlens
-    assert call["cache_indices"].tolist() == [5, 9, 2, 0]
-    assert call["num_state_checkpoints"] == BUCKET // CHUNK
-    assert call["state_checkpoint_every_n_tokens"] == CHUNK
-    assert call["state_checkpoint_cu_starts"].tolist() == [0, 0, 1, 2, 2]
-    assert call["ssm_states"] is ssm
-    assert out is call["output"] and out.shape == (1, BUCKET, 2, 128)
-    assert not out.any()
-    assert not ssm[0].any()  # the reserved padding slot is zeroed afterwards
-    q, k, v, g, beta = call["inputs"]
-    for t in (q, k, v, g, beta):
-        assert torch.isfinite(t).all() and not t[0, real:].any()
-    assert torch.equal(g[0, :real], a[:real]) and torch.equal(beta[0, :real], b[:real])
+    assert torch.equal(call["cu_seqlens"], meta.cu_seqlens.long())
+    assert call["cu_seqlens"].dtype == torch.int64
+    assert call["state_checkpoints"].shape == (BUCKET // CHUNK, 2, 128, 128)
+    assert call["checkpoint_every_n_tokens"] == CHUNK
+    assert call["checkpoint_cu_starts"].tolist() == [0, 0, 1, 2, 2]
+    assert call["initial_state"].dtype == torch.float32
+    assert torch.equal(call["initial_state"][:3, 0, 0, 0], torch.tensor([5.0, 9, 2]))
+    assert out.shape == (1, BUCKET, 2, 128) and not out.any()
+    expected = _slot_markers(ssm.shape)
+    for slot, n in zip(MAPPING[1:], LENS):
+        expected[slot] += n
+    assert torch.equal(ssm, expected)  # real slots updated, no other slot touched
+    q, k, v, alpha, beta = (call[n] for n in ("q", "k", "v", "g", "beta"))
+    for t in (q, k, v, beta):
+        assert torch.isfinite(t).all() and not t[real:].any()
+    assert alpha.dtype == beta.dtype == torch.float32
+    assert torch.equal(alpha[:real], a[:real].exp()) and (alpha[real:] == 1).all()
+    assert torch.equal(beta[:real], b[:real])
     # The tracked chunk states come from the snapshots, one row per table row.
     assert launched["kda_track_ssm_state"]["h_track"].shape == (
         SLOTS_PER_GRAPH,
@@ -370,8 +388,9 @@ def test_a_state_tracked_before_the_first_snapshot_fails_loudly(monkeypatch):
 
 
 def _stub_kernels_around_flashinfer(monkeypatch, launched):
-    """The Triton kernels around the FlashInfer call, as CPU stand-ins: the conv
-    and the gating pass their input through; the track copies record."""
+    """The Triton kernels around the FlashInfer call, as CPU stand-ins: the conv,
+    the gating and the q/k l2-norm pass their input through; the track copies
+    record. The state-row copies run (their torch path off CUDA)."""
     monkeypatch.setattr(
         gdn_prefill_graph, "causal_conv1d_fn", lambda x, *a, **kw: x.clone()
     )
@@ -381,6 +400,9 @@ def _stub_kernels_around_flashinfer(monkeypatch, launched):
         lambda *a: pytest.fail("ran the Triton chunk kernels"),
     )
     monkeypatch.setattr(gdn_prefill_graph, "fused_gdn_gating", lambda *a: (a[1], a[2]))
+    monkeypatch.setattr(
+        gdn_prefill_graph, "gdn_prefill_qkv_prepare_fwd", lambda q, k, v: (q, k, v)
+    )
     monkeypatch.setattr(gdn_prefill_graph, "MAX_FUSED_QKV_SPLIT_DIM", 0)
     for name in ("_snapshot_conv_windows", "kda_track_ssm_state"):
         monkeypatch.setattr(
@@ -398,8 +420,7 @@ def _flashinfer_extend(meta, kernel):
         head_q_dim=d, head_k_dim=d, head_v_dim=d,
         q_dim=hk * d, k_dim=hk * d, v_dim=hv * d,
     )  # fmt: skip
-    ssm = torch.zeros(len(MAPPING), hv, d, d)
-    ssm[0] = float("nan")  # what the kernel leaves for the zero-length padding rows
+    ssm = _slot_markers((16, hv, d, d))
     real = sum(LENS)
     mixed = torch.randn(BUCKET, (2 * hk + hv) * d)
     a, b = torch.randn(BUCKET, hv), torch.rand(BUCKET, hv)
@@ -410,3 +431,14 @@ def _flashinfer_extend(meta, kernel):
         a=a, b=b, extend_kernel=kernel,
     )  # fmt: skip
     return out, ssm, a, b, real
+
+
+def _slot_markers(shape) -> torch.Tensor:
+    """A state pool whose slot s holds s everywhere: slot 0, the reserved padding
+    slot, holds zeros."""
+    return (
+        torch.arange(shape[0], dtype=torch.float32)
+        .view(-1, 1, 1, 1)
+        .expand(shape)
+        .clone()
+    )
