@@ -450,6 +450,51 @@ def gdn_prefill_accuracy() -> list:
     return rows
 
 
+def masked_state_copy() -> list:
+    """The GDN extend captured with the masked state copy (padding request slots
+    move no state), against sglang's eager extend (results/gpu/suite_2026-12-02/)."""
+    folder = "gpu/suite_2026-12-02/"
+    rows = [
+        "",
+        "GDN extend in the full prefill graph with the masked state copy (H200; "
+        "padding request slots neither read nor write state):",
+        "",
+        "| check | result |",
+        "| --- | --- |",
+    ]
+    for kernel in ("flashinfer", "triton"):
+        for hv in (4, 32):
+            name = f"gdn_extend_kernel_{kernel}_hv{hv}"
+            batches = _load(f"{folder}{name}.json")["max_abs_diff"].values()
+            bad = _load(f"{folder}{name}_wrong_state.json")["max_abs_diff"]
+            rows.append(
+                f"| {kernel} kernel, {hv} value heads, 4 request slots: "
+                f"{len(batches)} batches vs sglang's eager extend | output max diff "
+                + " / ".join(f"{b['output']:g}" for b in batches)
+                + "; padding slot's state untouched by every replay: "
+                + str(all(b["padding_slot_untouched"] for b in batches))
+                + f" | wrong state slot: output {bad['output']:.3f}, padding slot "
+                f"untouched: {bad['padding_slot_untouched']} |"
+            )
+    engine = _load(folder + "hybrid_gdn_full_prefill_vs_eager_default.json")
+    steps = sum(b["compared_steps"] for b in engine["batches"])
+    mismatches = sum(len(b["mismatches"]) for b in engine["batches"])
+    diff = max(b["max_logprob_diff"] for b in engine["batches"])
+    ties = sum(b["near_tie_splits"] for b in engine["batches"])
+    top = max(t["max_logprob_diff"] for t in engine["first_token_topk"])
+    rows += [
+        f"| tiny Qwen3-Next engine, FlashInfer's GDN prefill captured, graph vs eager "
+        f"on the same kernels, {len(engine['batches'])} batches | {mismatches} "
+        f"mismatches over {steps} steps, greedy logprobs within {diff:.4f}, "
+        f"{ties} near-tie split(s); first-token top-20 within {top:.4f} | its "
+        "wrong-state control did not run (the suite's time limit ended it while "
+        "its engine started; README.md there) |",
+        "",
+        provenance_line(engine),
+    ]
+    return rows
+
+
 def mamba2() -> list:
     """The captured Mamba2 extend on the H200: kernel level (results/gpu/mamba2/)
     and the tiny engines, graph vs eager with a wrong-state control per case
@@ -542,18 +587,23 @@ def _ms(value) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def serving(files=("serving_prefill_graph.json",), heading="") -> list:
+def serving(files=("serving_prefill_graph.json",), heading="", renamed=None) -> list:
     """benchmark/serving_prefill_graph.py: one launch_server per prefill-graph
     mode, sglang.benchmark.serving against it; per workload TTFT p50 / p99, ITL
-    p50 and output throughput, full's TTFT against breakable's. A run missing
-    from a mode shows "-" (see the report's notes)."""
+    p50 and output throughput, each full server's TTFT against breakable's. A run
+    missing from a mode shows "-" (see the report's notes). ``renamed`` maps a
+    file to the name its (one) mode is shown under, for a second server of a mode
+    started with other flags."""
     reports = [_load(name) for name in files]
     report = {**reports[0], "modes": {}}  # one report per server, or one for all
-    for part in reports:
+    for name, part in zip(files, reports):
         for mode, entry in part["modes"].items():
+            mode = (renamed or {}).get(name, mode)
             assert mode not in report["modes"], f"{mode} twice in {files}"
             report["modes"][mode] = entry
-    modes = [m for m in ("disabled", "breakable", "full") if m in report["modes"]]
+    order = ("disabled", "breakable", "full", *(renamed or {}).values())
+    modes = [m for m in order if m in report["modes"]]
+    fulls = [m for m in modes if m.startswith("full")]
     labels = list(dict.fromkeys(r for m in modes for r in report["modes"][m]["runs"]))
 
     def get(mode, run, key):
@@ -563,10 +613,24 @@ def serving(files=("serving_prefill_graph.json",), heading="") -> list:
         return " / ".join(_ms(get(m, run, key)) for m in modes)
 
     def ratio(run, key):
-        full, breakable = get("full", run, key), get("breakable", run, key)
-        if "full" in modes and "breakable" in modes and full and breakable:
-            return f"{breakable / full:.2f}x"
-        return "-"
+        breakable = get("breakable", run, key)
+        values = [get(m, run, key) for m in fulls]
+        if not breakable or not any(values):
+            return "-"
+        return " / ".join(f"{breakable / v:.2f}x" if v else "-" for v in values)
+
+    def eager(run):
+        counts = [
+            report["modes"][m]["runs"].get(run, {}).get("prefill_batches")
+            for m in modes
+        ]
+        return " / ".join(
+            "-"
+            if not c
+            else f"{c['eager']} of {c['graph'] + c['eager']}"
+            + (f" (up to {c['eager_requests_max']} req)" if c["eager"] else "")
+            for c in counts
+        )
 
     rows = [
         "",
@@ -574,16 +638,20 @@ def serving(files=("serving_prefill_graph.json",), heading="") -> list:
         "--load-format dummy` with sglang-graphfix installed, one server per mode, "
         "`python -m sglang.benchmark.serving` random-ids; "
         + " / ".join(modes)
-        + "; ms, output tok/s; breakable / full: TTFT p50 speed-up of full):",
+        + "; ms, output tok/s; breakable / "
+        + " / ".join(fulls)
+        + ": TTFT p50 speed-up; prefill batches that ran eager, of all, per mode):",
         "",
-        "| workload | TTFT p50 | TTFT p99 | ITL p50 | output tok/s | breakable / full |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| workload | TTFT p50 | TTFT p99 | ITL p50 | output tok/s | breakable / "
+        + " / ".join(fulls)
+        + " | eager prefill batches |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for run in labels:
         rows.append(
             f"| {run} | {cell(run, 'median_ttft_ms')} | {cell(run, 'p99_ttft_ms')} "
             f"| {cell(run, 'median_itl_ms')} | {cell(run, 'output_throughput')} "
-            f"| {ratio(run, 'median_ttft_ms')} |"
+            f"| {ratio(run, 'median_ttft_ms')} | {eager(run)} |"
         )
     rows += [
         "",
@@ -623,6 +691,11 @@ SERVING_SAME_SESSION = (
     "gpu/serving_2026-12-01b/breakable/serving_prefill_graph.json",
     "gpu/serving_2026-12-01b/full/serving_prefill_graph.json",
 )
+SERVING_CAPPED = "gpu/serving_2026-12-02/full_capped/serving_prefill_graph.json"
+SERVING_LATEST = (
+    "gpu/serving_2026-12-02/full_breakable/serving_prefill_graph.json",
+    SERVING_CAPPED,
+)
 
 
 def render() -> str:
@@ -636,10 +709,20 @@ def render() -> str:
         + gdn_prefill_accuracy()
         + mamba2()
         + served_profile()
+        + masked_state_copy()
+        + serving(
+            SERVING_LATEST,
+            "As shipped (FlashInfer's GDN prefill captured, padding request slots "
+            "move no state); the three servers one after another in one session, at "
+            "one commit. 'full, capped': full with --prefill-max-requests 16, the "
+            "cap sglang-graphfix now sets (cap_prefill_batches_at_request_slots), "
+            "chat workload only. ",
+            renamed={SERVING_CAPPED: "full, capped"},
+        )
         + serving(
             SERVING_SAME_SESSION,
-            "FlashInfer's GDN prefill captured (as shipped); both servers in one "
-            "session, at one commit. ",
+            "An earlier session (before the masked state copy and the batch cap); "
+            "both servers in one session, at one commit. ",
         )
         + serving(
             heading="An earlier run (the graph captured Triton's GDN prefill then). "
