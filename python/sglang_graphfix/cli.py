@@ -151,6 +151,7 @@ _PLAN_FIELDS = (
     "linear_attn_backend",
     "linear_attn_prefill_backend",
     "linear_attn_decode_backend",
+    "prefill_max_requests",
 )
 
 
@@ -760,6 +761,9 @@ def render(
                 if graph.prefill.full_prefill_max_req is not None
                 else f"{sglang_full_prefill_slots(chunk)} (sglang's rule)"
             )
+            cap = resolving_view(args).prefill_max_requests
+            if cap is not None:
+                slots += f", at most {cap} requests a prefill batch"
         lines.append(
             f"  prefill CUDA graph  {graph.prefill.backend:<9} "
             f"token buckets {_buckets(graph.prefill.bs or [])}{slots}"

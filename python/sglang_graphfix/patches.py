@@ -38,6 +38,7 @@ PATCHES = (
     # Hybrid linear attention under a full prefill CUDA graph.
     Patch(_ARGS + "finalize_cuda_graph_prefill_max_context", cuda_graph_hook.judge_prefill_graph_on_final_settings, HookType.AROUND),
     Patch(_ARGS + "finalize_cuda_graph_prefill_max_context", cuda_graph_hook.hybrid_full_prefill_request_slots, HookType.AROUND),
+    Patch(_ARGS + "finalize_cuda_graph_prefill_max_context", cuda_graph_hook.cap_prefill_batches_at_request_slots, HookType.AROUND),
     Patch(_ATTN + "hybrid_linear_attn_backend.HybridLinearAttnBackend.init_forward_metadata_out_graph", hybrid_linear_attn_backend.linear_extend_tables_for_full_prefill_graph, HookType.AROUND),
     Patch(_ATTN + "hybrid_linear_attn_backend.MambaAttnBackendBase._track_mamba_state_extend", hybrid_linear_attn_backend.snapshot_mamba2_states_on_graph_tables, HookType.AROUND),
     Patch(_ATTN + "linear.gdn_backend.GDNAttnBackend.forward_extend", gdn_backend.gdn_extend_on_full_graph_tables, HookType.AROUND),

@@ -10,8 +10,9 @@ capture and dies there: ``IndexError`` in ``HybridLinearAttnBackend._replay_meta
 or ``ValueError: Invalid forward mode EXTEND for CUDA Graph replay`` (triton).
 
 The capability model (``..full_prefill_graph_capability``) decides; a hook
-applies it once every setting it reads has resolved, and another gives a hybrid
-model's full graph enough request slots for multi-request prefill batches.
+applies it once every setting it reads has resolved, another gives a hybrid
+model's full graph enough request slots for multi-request prefill batches, and a
+third keeps every prefill batch within those slots.
 """
 
 from __future__ import annotations
@@ -296,4 +297,65 @@ def hybrid_full_prefill_request_slots(original, server_args: Any):
         HYBRID_FULL_PREFILL_MIN_REQ,
         cfg.chunked_prefill_size,
         upstream_slots,
+    )
+
+
+def full_prefill_request_slots(cfg: Any) -> int:
+    """The request slots a full prefill graph is captured with: the resolved
+    full_prefill_max_req, else sglang's capture-time rule."""
+    slots = cfg.cuda_graph_config.prefill.full_prefill_max_req
+    return (
+        slots
+        if slots is not None
+        else sglang_full_prefill_slots(cfg.chunked_prefill_size)
+    )
+
+
+# What:    Wraps finalize_cuda_graph_prefill_max_context: under a full prefill
+#          graph on a hybrid linear-attention model, a prefill batch takes at most
+#          as many requests as the graph has request slots (sglang's
+#          --prefill-max-requests) when the user set no such cap.
+# Why:     sglang forms prefill batches of any number of requests and runs those
+#          above the slots eager. Served at Qwen3-Next-80B-A3B's dimensions on an
+#          H200 (16 slots), saturating chat traffic formed two eager batches of 30
+#          and 32 requests: full's median time to first token was 1677 ms against
+#          breakable's 668 ms. With the batches capped at 16 the same traffic gave
+#          426 ms and 1.25x breakable's output throughput, and every prefill batch
+#          replayed the graph (issue 13; benchmark/results/gpu/serving_2026-12-02).
+# How:     After the slots are resolved (hybrid_full_prefill_request_slots): on a
+#          full prefill graph of a model with linear attention and no
+#          prefill_max_requests set, declare it equal to the slots in sglang's
+#          resolution record (its PrefillAdder leaves the other waiting requests
+#          to the next prefill batch) and say so once at INFO, naming the flag.
+#          A PD prefill server with --max-mamba-cache-size then sizes its KV cache
+#          as upstream does for a user who caps batches at the slots.
+# Upstream: sglang/srt/arg_groups/cuda_graph_hook.py::finalize_cuda_graph_prefill_max_context
+#          (to propose: prefill_max_requests defaults to the slots under a full
+#          prefill graph)
+# Removal: once upstream keeps prefill batches within a full graph's slots, or
+#          runs larger ones on a graph.
+def cap_prefill_batches_at_request_slots(original, server_args: Any):
+    original(server_args)
+    cfg = resolving_view(server_args)
+    graph_config = cfg.cuda_graph_config
+    if (
+        graph_config is None
+        or graph_config.prefill.backend != Backend.FULL
+        or cfg.prefill_max_requests is not None
+    ):
+        return
+    linear = full_prefill_graph_support(server_args).linear_attention
+    if linear is None:
+        return
+    slots = full_prefill_request_slots(cfg)
+    declare_resolution(
+        server_args, "_cap_prefill_batches_at_request_slots", prefill_max_requests=slots
+    )
+    logger.info(
+        "Full prefill CUDA graph on %s linear attention: a prefill batch takes at most "
+        "%d requests, the graph's request slots (larger batches would run eager); the "
+        "other waiting requests go to the next prefill batch. Set "
+        "--prefill-max-requests to choose.",
+        linear,
+        slots,
     )

@@ -517,16 +517,82 @@ def test_hybrid_full_prefill_graph_gets_request_slots(
         )
     assert prefill_backend(args) == Backend.FULL
     assert _slots(args) == slots
-    said = [r.getMessage() for r in caplog.records if "request slots" in r.getMessage()]
+    said = [
+        r.getMessage()
+        for r in caplog.records
+        if "request slots per captured batch" in r.getMessage()
+    ]
+    sources = [source for source, _ in args._resolved_overrides]
     if family != "llama" and slots == 8:
         (line,) = said
         assert "8 request slots" in line and '"full_prefill_max_req": N' in line
-        source, _ = args._resolved_overrides[-1]
-        assert source == "_hybrid_full_prefill_request_slots"
+        assert "_hybrid_full_prefill_request_slots" in sources
     else:
-        assert not said
+        assert not said and "_hybrid_full_prefill_request_slots" not in sources
 
 
 def test_breakable_graph_keeps_sglangs_slots(model_dirs):
     args = resolve(model_dirs, "qwen3_next", chunked_prefill_size=512)
     assert prefill_backend(args) == Backend.BREAKABLE and _slots(args) is None
+
+
+# ---- prefill batches within a hybrid model's full prefill graph slots ----
+
+
+def _batch_cap(args):
+    return resolving_view(args).prefill_max_requests
+
+
+@pytest.mark.parametrize(
+    "family, flags, prefill, cap",
+    [
+        # sglang's slot rule at the H200 default chunking: 8192 // 512
+        ("qwen3_next", {}, {"backend": "full"}, 16),
+        ("kimi_linear", {"attention_backend": "fa3"}, {"backend": "full"}, 16),
+        # the slots hybrid_full_prefill_request_slots gives at chunked_prefill_size 512
+        ("qwen3_next", {"chunked_prefill_size": 512}, {"backend": "full"}, 8),
+        # the user's slots
+        ("qwen3_next", {}, {"backend": "full", "full_prefill_max_req": 4}, 4),
+        # the user's own cap, above or below the slots: kept
+        ("qwen3_next", {"prefill_max_requests": 32}, {"backend": "full"}, 32),
+        ("qwen3_next", {"prefill_max_requests": 2}, {"backend": "full"}, 2),
+        # no full graph, or no linear attention: upstream (no cap)
+        ("qwen3_next", {}, {"backend": "breakable"}, None),
+        ("llama", {}, {"backend": "full"}, None),
+    ],
+)
+def test_full_prefill_graph_caps_prefill_batches(
+    model_dirs, caplog, family, flags, prefill, cap
+):
+    """Through sglang's resolution: a hybrid model's full prefill graph without a
+    prefill batch cap gets one equal to its request slots, declared in sglang's
+    record and said once at INFO naming the flag; nothing else changes."""
+    with caplog.at_level(logging.INFO, logger=OURS):
+        args = resolve(
+            model_dirs, family, cuda_graph_config={"prefill": prefill}, **flags
+        )
+    assert prefill_backend(args) == prefill["backend"]
+    assert _batch_cap(args) == cap
+    said = [
+        r.getMessage()
+        for r in caplog.records
+        if "prefill batch takes" in r.getMessage()
+    ]
+    sources = [source for source, _ in args._resolved_overrides]
+    if (
+        family != "llama"
+        and prefill["backend"] == "full"
+        and "prefill_max_requests" not in flags
+    ):
+        (line,) = said
+        assert f"at most {cap} requests" in line and "--prefill-max-requests" in line
+        assert "_cap_prefill_batches_at_request_slots" in sources
+    else:
+        assert not said and "_cap_prefill_batches_at_request_slots" not in sources
+
+
+def test_downgraded_full_graph_gets_no_batch_cap(model_dirs):
+    """A model-default full graph the model cannot capture becomes breakable: its
+    prefill batches stay uncapped, as upstream."""
+    args = resolve(model_dirs, "lfm2", model_default_full=True)
+    assert prefill_backend(args) == Backend.BREAKABLE and _batch_cap(args) is None
