@@ -103,9 +103,11 @@ def test_demo_full_prefill_graph_on_qwen3_next(capsys, plugin_on):
     assert "plan (with sglang-graphfix)" in out
     assert (
         "prefill CUDA graph  full" in out
-        and "request slots 16 (sglang's rule)" in out
+        and "request slots 16 (sglang's rule), at most 16 requests a prefill batch"
+        in out
         and "full prefill graph  can capture here" in out
     )
+    assert "_cap_prefill_batches_at_request_slots  prefill_max_requests=16" in out
 
 
 def test_dsa_weights_proj_lora(capsys, plugin_on):

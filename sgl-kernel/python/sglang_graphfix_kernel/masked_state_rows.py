@@ -78,7 +78,9 @@ def _copy(pool, slots, rows, *, gather: bool) -> None:
     if pool.device.type == "cpu" and not _interpreting():
         _copy_with_torch(pool, slots, rows, gather=gather)
         return
-    row_numel = rows[0].numel() if rows.shape[0] else 0
+    if rows.shape[0] == 0:
+        return  # nothing to copy (and no zero-program launch)
+    row_numel = rows[0].numel()
     grid = (rows.shape[0], triton.cdiv(row_numel, _BLOCK))
     _copy_state_rows[grid](
         pool, rows, slots, pool.stride(0), row_numel, GATHER=gather, BLOCK=_BLOCK,

@@ -301,8 +301,9 @@ def hybrid_full_prefill_request_slots(original, server_args: Any):
 
 
 def full_prefill_request_slots(cfg: Any) -> int:
-    """The request slots a full prefill graph is captured with: the resolved
-    full_prefill_max_req, else sglang's capture-time rule."""
+    """The request slots of a full prefill graph as resolved: full_prefill_max_req,
+    else sglang's capture-time rule (capture then caps them at the request pool,
+    which bounds every batch as well)."""
     slots = cfg.cuda_graph_config.prefill.full_prefill_max_req
     return (
         slots
@@ -317,18 +318,23 @@ def full_prefill_request_slots(cfg: Any) -> int:
 #          --prefill-max-requests) when the user set no such cap.
 # Why:     sglang forms prefill batches of any number of requests and runs those
 #          above the slots eager. Served at Qwen3-Next-80B-A3B's dimensions on an
-#          H200 (16 slots), saturating chat traffic formed two eager batches of 30
-#          and 32 requests: full's median time to first token was 1677 ms against
-#          breakable's 668 ms. With the batches capped at 16 the same traffic gave
-#          426 ms and 1.25x breakable's output throughput, and every prefill batch
-#          replayed the graph (issue 13; benchmark/results/gpu/serving_2026-12-02).
+#          H200 (16 slots), 100 chat requests arriving at once formed two eager
+#          batches of 32 and 24 requests: full's median time to first token was
+#          1677 ms. With the batches capped at 16 the same traffic, in the same
+#          session, gave 426 ms and 908 instead of 532 output tokens/s, every
+#          prefill batch on the graph (breakable: 668 ms, 728 tokens/s; issue 13,
+#          benchmark/results/gpu/serving_2026-12-02).
 # How:     After the slots are resolved (hybrid_full_prefill_request_slots): on a
 #          full prefill graph of a model with linear attention and no
 #          prefill_max_requests set, declare it equal to the slots in sglang's
 #          resolution record (its PrefillAdder leaves the other waiting requests
-#          to the next prefill batch) and say so once at INFO, naming the flag.
-#          A PD prefill server with --max-mamba-cache-size then sizes its KV cache
-#          as upstream does for a user who caps batches at the slots.
+#          to the next prefill batch; with --prefill-delayer-queue-min-ratio the
+#          delayer's queue target is capped at it too) and say so once at INFO,
+#          naming the flag. Left as upstream: --enable-mixed-chunk (a mixed batch
+#          carries the running decode requests too, and runs eager above the
+#          slots whatever the cap), and a PD prefill server with
+#          --max-mamba-cache-size (a cap at the slots drops its KV-cache reserve
+#          for eager prefill activations, kv_pool_runtime: the user's call).
 # Upstream: sglang/srt/arg_groups/cuda_graph_hook.py::finalize_cuda_graph_prefill_max_context
 #          (to propose: prefill_max_requests defaults to the slots under a full
 #          prefill graph)
@@ -342,6 +348,11 @@ def cap_prefill_batches_at_request_slots(original, server_args: Any):
         graph_config is None
         or graph_config.prefill.backend != Backend.FULL
         or cfg.prefill_max_requests is not None
+        or cfg.enable_mixed_chunk
+        or (
+            cfg.disaggregation_mode == "prefill"
+            and cfg.max_mamba_cache_size is not None
+        )
     ):
         return
     linear = full_prefill_graph_support(server_args).linear_attention
@@ -353,7 +364,7 @@ def cap_prefill_batches_at_request_slots(original, server_args: Any):
     )
     logger.info(
         "Full prefill CUDA graph on %s linear attention: a prefill batch takes at most "
-        "%d requests, the graph's request slots (larger batches would run eager); the "
+        "%d requests, the graph's request slots (a larger batch would run eager); the "
         "other waiting requests go to the next prefill batch. Set "
         "--prefill-max-requests to choose.",
         linear,

@@ -559,6 +559,16 @@ def _batch_cap(args):
         # no full graph, or no linear attention: upstream (no cap)
         ("qwen3_next", {}, {"backend": "breakable"}, None),
         ("llama", {}, {"backend": "full"}, None),
+        # mixed prefill+decode batches (eager above the slots whatever the cap),
+        # and a PD prefill server whose KV reserve a cap would drop: upstream
+        ("qwen3_next", {"enable_mixed_chunk": True}, {"backend": "full"}, None),
+        (
+            "qwen3_next",
+            {"disaggregation_mode": "prefill", "max_mamba_cache_size": 64},
+            {"backend": "full"},
+            None,
+        ),
+        ("qwen3_next", {"disaggregation_mode": "prefill"}, {"backend": "full"}, 16),
     ],
 )
 def test_full_prefill_graph_caps_prefill_batches(
@@ -579,11 +589,7 @@ def test_full_prefill_graph_caps_prefill_batches(
         if "prefill batch takes" in r.getMessage()
     ]
     sources = [source for source, _ in args._resolved_overrides]
-    if (
-        family != "llama"
-        and prefill["backend"] == "full"
-        and "prefill_max_requests" not in flags
-    ):
+    if cap is not None and "prefill_max_requests" not in flags:
         (line,) = said
         assert f"at most {cap} requests" in line and "--prefill-max-requests" in line
         assert "_cap_prefill_batches_at_request_slots" in sources

@@ -162,7 +162,9 @@ def rows_past_batch(meta) -> torch.Tensor:
 def flashinfer_delta_rule_on_tables(kernel, q, k, v, g, beta, ssm_states, meta, past):
     """FlashInferGDNKernel.extend's SM90 prefill (GDNAttnBackend's call; the
     only FlashInfer prefill the graph captures, FLASHINFER_GDN_CAPTURE_SM) on the
-    bucket's tables, with the same kernel inputs for the real rows: l2-normalised
+    bucket's tables, written here rather than called because the extend moves the
+    SSM states of every request slot (below); the same kernel inputs for the
+    real rows: l2-normalised
     q/k, alpha = exp(g) and beta in fp32, int64 cu_seqlens, fp32 states.
     Tokens past the batch (``past``, rows_past_batch: q/k/v zeroed by the
     caller, gates here) keep zero output rows.
@@ -172,8 +174,10 @@ def flashinfer_delta_rule_on_tables(kernel, q, k, v, g, beta, ssm_states, meta, 
     bucket as the extend's ``ssm_states[indices]`` / ``index_copy_`` would: a
     padding row (slot -1) is a zero-length sequence, whose state the kernel
     neither reads nor writes, so its buffer rows stay unset and nothing is
-    written back for it; the reserved padding slot (which sglang's padded decode
-    rows read) is never written.
+    written back for it; the reserved padding slot's SSM state (which sglang's
+    padded decode rows read) is never written. (On a bucket that snapshots states
+    for the prefix cache, untracked rows' conv-window snapshots still land in the
+    padding slot's conv state, as before.)
 
     With prefix-cache tracking, the kernel snapshots every 64-token chunk
     boundary into a buffer sized by the bucket, located per row by on-device
