@@ -406,9 +406,10 @@ def _graph_backends(server_args) -> tuple[str, str]:
     return graph.prefill.backend, graph.decode.backend
 
 
-def _prefill_graph_turned_off(server_args) -> str | None:
+def _prefill_graph_turned_off(server_args, with_graphfix: bool = False) -> str | None:
     """Why sglang turns the resolved prefill graph off at startup for this model
-    (capture_prefill_graph's layer scan), None when it does not."""
+    (capture_prefill_graph's layer scan, with or without our hook on it), None
+    when it does not."""
     from sglang.srt.arg_groups.overrides import model_config_of
     from sglang_graphfix.srt.full_prefill_graph_capability import (
         device_sm,
@@ -416,12 +417,14 @@ def _prefill_graph_turned_off(server_args) -> str | None:
     )
 
     prefill, _ = _graph_backends(server_args)
-    return prefill_graph_turned_off(model_config_of(server_args), prefill, device_sm())
+    return prefill_graph_turned_off(
+        model_config_of(server_args), prefill, device_sm(), with_graphfix=with_graphfix
+    )
 
 
-def _runs(server_args) -> Outcome:
+def _runs(server_args, with_graphfix: bool = False) -> Outcome:
     prefill, decode = _graph_backends(server_args)
-    off = _prefill_graph_turned_off(server_args)
+    off = _prefill_graph_turned_off(server_args, with_graphfix)
     if off:
         return Outcome(
             True,
@@ -638,7 +641,7 @@ def graphfix_outcome(plan: Plan) -> Outcome:
     failure, lora = _dsa_lora_graphfix(args)
     if failure:
         return Outcome(False, failure)
-    runs = _runs(args)
+    runs = _runs(args, with_graphfix=True)
     notes = [lora] if lora else []
     if _graph_backends(args)[0] == Backend.FULL:
         support = full_prefill_graph_support(args)

@@ -18,7 +18,10 @@ from sglang_graphfix.srt.layers.attention import hybrid_linear_attn_backend
 from sglang_graphfix.srt.layers.attention.dsa import dsa_indexer
 from sglang_graphfix.srt.layers.attention.linear import gdn_backend, kda_backend
 from sglang_graphfix.srt.lora import lora_manager, mem_pool
-from sglang_graphfix.srt.model_executor.model_runner_components import weight_updater
+from sglang_graphfix.srt.model_executor.model_runner_components import (
+    cuda_graph_setup,
+    weight_updater,
+)
 from sglang_graphfix.srt.model_executor.runner import prefill_cuda_graph_runner
 
 logger = logging.getLogger(__name__)
@@ -50,6 +53,7 @@ PATCHES = (
     Patch(_SRT + "model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.capture", prefill_cuda_graph_runner.prepare_linear_attention_for_full_prefill_capture, HookType.AROUND),
     Patch(_SRT + "model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.capture", prefill_cuda_graph_runner.route_full_prefill_fallback, HookType.AROUND),
     Patch(_SRT + "model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.can_run_graph", prefill_cuda_graph_runner.count_prefill_paths, HookType.AROUND),
+    Patch(_SRT + "model_executor.model_runner_components.cuda_graph_setup.has_standard_gqa_for_all_local_layers", cuda_graph_setup.keep_full_prefill_graph_across_mamba2_layer_gaps, HookType.AROUND),
     # DSA indexer weights_proj LoRA under the breakable prefill graph.
     Patch(_ATTN + "dsa.dsa_indexer.Indexer._get_logits_head_gate", dsa_indexer.lora_aware_head_gate, HookType.AROUND),
     Patch(_ATTN + "dsa.dsa_indexer.Indexer.forward_cuda", dsa_indexer.lora_aware_split_op_dispatch, HookType.AROUND),

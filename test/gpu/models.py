@@ -173,11 +173,12 @@ def qwen3_next_1024(path: Path) -> str:
 NEMOTRON_H_PATTERN = "M*M"
 
 
-def tiny_nemotron_h(path: Path) -> str:
-    """NemotronH "M*M": Mamba2, attention, Mamba2. No MLP ('-') or MoE ('E')
-    layer: sglang's prefill graph setup finds no attention module in those and
-    captures no prefill graph at all (full_prefill_graph_capability's layer
-    scan). Mamba2 with 8 heads of 32, one group, state 16. Weights from
+def tiny_nemotron_h(path: Path, pattern: str = NEMOTRON_H_PATTERN) -> str:
+    """NemotronH "M*M": Mamba2, attention, Mamba2 (``pattern`` for another). No MLP
+    ('-') or MoE ('E') layer by default: sglang's prefill graph setup finds no
+    attention module in those and captures no prefill graph at all
+    (full_prefill_graph_capability's layer scan) unless the scan's hook keeps it
+    (MAMBA2_LAYER_GAPS_CAPTURED). Mamba2 with 8 heads of 32, one group, state 16. Weights from
     transformers' NemotronHForCausalLM; config.json from sglang's NemotronHConfig
     (transformers 5.19 writes layer types "linear_attention" / "full_attention",
     which sglang's config rejects), with mamba_n_groups = n_groups: sglang's
@@ -190,14 +191,14 @@ def tiny_nemotron_h(path: Path) -> str:
     from tiny_configs import _nemotron_h
     from transformers import AutoModelForCausalLM
 
-    config = _nemotron_h(hybrid_override_pattern=NEMOTRON_H_PATTERN, mamba_n_groups=1)
+    config = _nemotron_h(hybrid_override_pattern=pattern, mamba_n_groups=1)
     config.architectures = ["NemotronHForCausalLM"]
     config.dtype = torch.bfloat16
     hf = transformers.NemotronHConfig(
         vocab_size=config.vocab_size,
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
-        hybrid_override_pattern=NEMOTRON_H_PATTERN,
+        hybrid_override_pattern=pattern,
         num_attention_heads=config.num_attention_heads,
         num_key_value_heads=config.num_key_value_heads,
         head_dim=config.head_dim,

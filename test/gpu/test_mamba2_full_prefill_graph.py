@@ -4,8 +4,9 @@ random NemotronH ("M*M": Mamba2, attention, Mamba2) and Falcon-H1 (attention
 and Mamba2 in parallel in every layer) with the mamba radix cache's extra buffer
 (sglang's default here: overlap scheduling on, Triton linear-attention kernels),
 NemotronH also without it (no_buffer, which sglang pairs with the overlap
-schedule off). GraniteMoeHybrid is skipped: sglang 0.5.23 captures no prefill
-graph for it (see GRANITE_NO_PREFILL_GRAPH). docs/mamba2_full_prefill_graph.md,
+schedule off); NemotronH "M-M*-" (MLP layers) and GraniteMoeHybrid (Mamba2
+layers without attention), for which sglang 0.5.23 captures no prefill graph,
+with MAMBA2_LAYER_GAPS_CAPTURED on (CASES). docs/mamba2_full_prefill_graph.md,
 "What the GPU session must do", step 2, and what the first H200 run showed.
 
 The captured Mamba2 extend ships switched on (MAMBA2_FULL_PREFILL_GRAPH in
@@ -74,6 +75,9 @@ BATCHES = chunk_256_batches()  # around the 256-token chunk and largest bucket
 
 MODELS = {
     "nemotron_h": tiny_nemotron_h,
+    # MLP layers, in which sglang's prefill graph setup finds no attention
+    # (MAMBA2_LAYER_GAPS_CAPTURED; published NemotronH checkpoints have them).
+    "nemotron_h_mlp": lambda path: tiny_nemotron_h(path, "M-M*-"),
     "falcon_h1": tiny_falcon_h1,
     "granite_moe_hybrid": tiny_granite_moe_hybrid,
 }
@@ -88,7 +92,10 @@ STRATEGIES = {
     },
 }
 
-SWITCH = {"GRAPHFIX_PROBE_MAMBA2_FULL_PREFILL_GRAPH": "1"}
+SWITCH = {
+    "GRAPHFIX_PROBE_MAMBA2_FULL_PREFILL_GRAPH": "1",
+    "GRAPHFIX_PROBE_MAMBA2_LAYER_GAPS_CAPTURED": "1",
+}
 FULL = {"backend": "full", "bs": [16, 32, 64, 128, 256], "full_prefill_max_req": 4}
 
 
@@ -98,35 +105,26 @@ def mamba2_switch_in_this_process():
     docstring), restored after the module."""
     from sglang_graphfix.srt import full_prefill_graph_capability as capability
 
-    saved = capability.MAMBA2_FULL_PREFILL_GRAPH
+    saved = capability.MAMBA2_FULL_PREFILL_GRAPH, capability.MAMBA2_LAYER_GAPS_CAPTURED
     capability.MAMBA2_FULL_PREFILL_GRAPH = True
+    capability.MAMBA2_LAYER_GAPS_CAPTURED = True
     yield
-    capability.MAMBA2_FULL_PREFILL_GRAPH = saved
+    capability.MAMBA2_FULL_PREFILL_GRAPH, capability.MAMBA2_LAYER_GAPS_CAPTURED = saved
 
 
-# sglang 0.5.23 captures no prefill graph for GraniteMoeHybrid: its prefill
-# graph setup (cuda_graph_setup.capture_prefill_graph) finds no attention module
-# in the Mamba2 layers and turns full and breakable graphs off ("some layers do
-# not apply Standard GQA"); with the switch on sglang-graphfix refuses the full
-# graph for it at resolution (MAMBA2_CONDITIONS, checked on CPU in
-# test_full_prefill_graph_capability). Its H200 run: eager prefill only, no
-# Mamba2 graph metadata filled.
-GRANITE_NO_PREFILL_GRAPH = (
-    "sglang 0.5.23 captures no prefill graph for GraniteMoeHybrid (its Mamba2 "
-    "layers expose no attention module to capture_prefill_graph); "
-    "sglang-graphfix refuses the full graph for it: use "
-    "--cuda-graph-backend-prefill disabled"
-)
 # (model, strategy): extra_buffer (sglang's default here) for every model,
-# no_buffer on NemotronH only, to keep the engine count down.
+# no_buffer on NemotronH only, to keep the engine count down. nemotron_h_mlp and
+# granite_moe_hybrid have layers in which sglang 0.5.23's prefill graph setup
+# finds no attention module (it then captures no prefill graph at all): they
+# run with MAMBA2_LAYER_GAPS_CAPTURED on (SWITCH, and the fixture above), the
+# check that switch waits for.
 CASES = [
     pytest.param(("nemotron_h", "extra_buffer"), id="nemotron_h-extra_buffer"),
     pytest.param(("nemotron_h", "no_buffer"), id="nemotron_h-no_buffer"),
     pytest.param(("falcon_h1", "extra_buffer"), id="falcon_h1-extra_buffer"),
+    pytest.param(("nemotron_h_mlp", "extra_buffer"), id="nemotron_h_mlp-extra_buffer"),
     pytest.param(
-        ("granite_moe_hybrid", "extra_buffer"),
-        id="granite_moe_hybrid-extra_buffer",
-        marks=pytest.mark.skip(reason=GRANITE_NO_PREFILL_GRAPH),
+        ("granite_moe_hybrid", "extra_buffer"), id="granite_moe_hybrid-extra_buffer"
     ),
 ]
 

@@ -87,6 +87,16 @@ KDA_FULL_PREFILL_GRAPH = True
 # conditions); False refuses the family as a whole again. LFM2/ZAYA1 short-conv
 # and Mamba-1 stay refused.
 MAMBA2_FULL_PREFILL_GRAPH = True
+# NemotronH's MLP and MoE layers and GraniteMoeHybrid's Mamba2 layers hold no
+# attention module, so sglang's prefill graph setup turns every prefill graph off
+# for those models (_LAYER_SCAN); a full graph runs the model's forward whole and
+# looks no layer's module up, so
+# ..model_executor.model_runner_components.cuda_graph_setup keeps it for them.
+# THE switch for that: off until an H200 runs the checks listed in
+# docs/mamba2_full_prefill_graph.md ("Layers without attention"); while off,
+# those models are refused as before. Pure Mamba2 (no attention at all) stays
+# refused either way.
+MAMBA2_LAYER_GAPS_CAPTURED = False
 # What the H200 runs above covered: bfloat16 weights, one group (every case, the
 # kernel level included), float32 SSM and bfloat16 conv states (sglang's
 # defaults, mamba2_state_dtype), flashinfer attention.
@@ -125,6 +135,9 @@ class Settings:
     # The layers sglang's prefill-graph setup finds no attention module in (a
     # phrase, prefill_graph_layer_gap); None: none, or not known here.
     layer_gap: str | None = None
+    # How many layers that gap is, where a full graph runs them
+    # (full_graph_layer_gap_count); None: not such a gap.
+    layer_gap_layers: int | None = None
     model_dtype: str | None = None  # the weights' dtype as served; None: unknown
     mamba_groups: int | None = None  # groups of the Mamba2 mixers; None: unknown
     mamba_state_dtypes: tuple[str, str] | None = None  # (SSM, conv); None: unknown
@@ -340,13 +353,41 @@ def prefill_graph_layer_gap(model_config) -> str | None:
     return None
 
 
-def prefill_graph_turned_off(model_config, backend: str, sm: int) -> str | None:
+def full_graph_layer_gap_count(model_config) -> int | None:
+    """How many layers of a Mamba2 hybrid sglang's prefill-graph setup finds no
+    attention module in, where a full prefill graph runs them like any other
+    (NemotronH's MLP and MoE layers, GraniteMoeHybrid's Mamba2 layers); None when
+    the model has no such gap (pure Mamba2's gap is every layer: not one of
+    these)."""
+    if _is_inkling(model_config):
+        return None
+    config = mamba2_config(model_config)
+    if isinstance(config, NemotronHConfig):
+        gaps = sum(kind in ("mlp", "moe") for kind in config.layers_block_type)
+    elif isinstance(config, GraniteMoeHybridConfig):
+        gaps = sum(kind == "mamba" for kind in config.layer_types)
+    else:
+        return None
+    return gaps or None
+
+
+def prefill_graph_turned_off(
+    model_config, backend: str, sm: int, *, with_graphfix: bool = False
+) -> str | None:
     """Why sglang's capture_prefill_graph turns this prefill graph backend
     ("full", "breakable") off for the model at startup (the layer scan above),
     None when it does not. sm: the compute capability, for NemotronH's hybrid
-    breakable graph (SM120, every layer with attention or MoE)."""
+    breakable graph (SM120, every layer with attention or MoE). with_graphfix:
+    with the scan's hook (keep_full_prefill_graph_across_mamba2_layer_gaps)."""
     gap = prefill_graph_layer_gap(model_config)
     if gap is None or backend not in ("full", "breakable"):
+        return None
+    if (
+        with_graphfix
+        and backend == "full"
+        and MAMBA2_LAYER_GAPS_CAPTURED
+        and full_graph_layer_gap_count(model_config)
+    ):
         return None
     config = mamba2_config(model_config)
     if (
@@ -400,7 +441,11 @@ MAMBA2_CONDITIONS = (
     ),
     Condition(
         setting=_LAYER_SCAN,
-        violated=lambda s: _mamba2_extend_captured(s) and s.layer_gap is not None,
+        violated=lambda s: (
+            _mamba2_extend_captured(s)
+            and s.layer_gap is not None
+            and not (MAMBA2_LAYER_GAPS_CAPTURED and s.layer_gap_layers)
+        ),
         reason=lambda s: _LAYER_SCAN_OFF.format(layers=s.layer_gap),
     ),
     Condition(
@@ -477,7 +522,10 @@ def mamba2_model_facts(model_config) -> dict:
     n_groups) and the state pools' dtypes (mamba2_state_dtype: the config's
     mamba_ssm_dtype, --mamba-ssm-dtype / SGLANG_MAMBA_SSM_DTYPE,
     SGLANG_MAMBA_CONV_DTYPE)."""
-    facts = {"layer_gap": prefill_graph_layer_gap(model_config)}
+    facts = {
+        "layer_gap": prefill_graph_layer_gap(model_config),
+        "layer_gap_layers": full_graph_layer_gap_count(model_config),
+    }
     config = mamba2_config(model_config)
     if config is None or _is_inkling(model_config):
         return facts

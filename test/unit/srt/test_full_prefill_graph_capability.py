@@ -56,9 +56,14 @@ def model_dirs(tmp_path_factory):
     # NemotronH of Mamba2 and attention layers only: sglang's prefill graph
     # setup finds an attention module in each (tiny_configs' "M*M-" has an MLP);
     # bfloat16 and one group, as the H200 runs checked (MAMBA2_CHECKED), and
-    # with 8 groups.
-    for name, groups in (("nemotron_h_no_mlp", 1), ("nemotron_h_no_mlp_8_groups", 8)):
-        config = _nemotron_h(hybrid_override_pattern="M*M", mamba_n_groups=groups)
+    # with 8 groups; and one with an MLP and a MoE layer (in which the setup finds
+    # none).
+    for name, pattern, groups in (
+        ("nemotron_h_no_mlp", "M*M", 1),
+        ("nemotron_h_no_mlp_8_groups", "M*M", 8),
+        ("nemotron_h_mlp_moe", "M-M*E", 1),
+    ):
+        config = _nemotron_h(hybrid_override_pattern=pattern, mamba_n_groups=groups)
         config.architectures = ["NemotronHForCausalLM"]
         config.dtype = torch.bfloat16
         config.save_pretrained(root / name)
@@ -476,6 +481,54 @@ def test_layer_scan_refusal_only_with_the_switch_on(model_dirs, monkeypatch, fam
         "graph). Use --cuda-graph-backend-prefill breakable or "
         "--cuda-graph-backend-prefill disabled instead."
     )
+
+
+@pytest.mark.parametrize(
+    "family, gaps",
+    [
+        ("nemotron_h_mlp_moe", 2),
+        ("nemotron_h", 1),
+        ("granite_moe_hybrid", 1),
+        ("nemotron_h_no_mlp", None),
+    ],
+)
+def test_layer_gaps_captured_switch(model_dirs, monkeypatch, family, gaps):
+    """NemotronH's MLP layers and GraniteMoeHybrid's Mamba2 layers, which
+    sglang's prefill graph setup finds no attention in: refused for the layer
+    scan with MAMBA2_LAYER_GAPS_CAPTURED off (as shipped), that reason gone with
+    it on (the scan's hook keeps the graph for them); a model without such
+    layers is not affected."""
+    path = model_dirs[family]
+    model_config = model_config_of(ServerArgs(model_path=path))
+    assert capability.full_graph_layer_gap_count(model_config) == gaps
+    case = (family, {"dtype": "bfloat16", "attention_backend": "flashinfer"}, {}, True, "h200")  # fmt: skip
+    assert capability.MAMBA2_LAYER_GAPS_CAPTURED is False
+
+    def outcome():
+        try:
+            return prefill_backend(resolve(model_dirs, case))
+        except ValueError as err:
+            return str(err)
+
+    shipped = outcome()
+    monkeypatch.setattr(capability, "MAMBA2_LAYER_GAPS_CAPTURED", True)
+    lifted = outcome()
+    scan_refusal = "captures no prefill graph for this model"
+    assert (scan_refusal in shipped) == (gaps is not None)
+    assert scan_refusal not in lifted
+    if family in ("nemotron_h_mlp_moe", "nemotron_h_no_mlp"):  # one group, bfloat16
+        assert lifted == Backend.FULL
+
+
+def test_pure_mamba2_stays_refused_with_layer_gaps_captured(monkeypatch):
+    """Every layer of a pure Mamba2 model lacks attention: the scan's hook does
+    not cover it (nor would the hybrid backend's capture), switch on or off."""
+    monkeypatch.setattr(capability, "MAMBA2_LAYER_GAPS_CAPTURED", True)
+    settings = capability.Settings(
+        architecture="Mamba2ForCausalLM", family="Mamba2/short-conv",
+        mamba_mixer="mamba2", layer_gap="any layer of a pure Mamba2 model",
+    )  # fmt: skip
+    assert LAYER_SCAN in capability.judge(settings).violated
 
 
 def test_layer_gap_names_the_layers_sglangs_scan_misses(model_dirs):
