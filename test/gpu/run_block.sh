@@ -6,7 +6,8 @@
 # further argument (its flags; one after another, alone on the GPU). Everything
 # lands under $RES (default /tmp/res; serving runs in RES/serving, RES/serving_2,
 # ...); RES/DONE marks the end. SUITE_TIMEOUT (seconds, default 1200) bounds the
-# side-by-side modules.
+# side-by-side modules. PRE, if set, is a command run first, alone on the GPU
+# (OUT=RES/pre; its output in RES/pre.log), e.g. a kernel microbenchmark.
 #   GRAPHFIX_COMMIT=<sha> RES=/tmp/res bash test/gpu/run_block.sh \
 #       "first_module.py" "module_a.py module_b.py" "--quick --modes breakable,full" \
 #       "--model falcon-h1-7b --quick"
@@ -18,6 +19,11 @@ first=$1 side_by_side=$2
 shift 2
 stamp() { echo "$(date -u +%H:%M:%S) $*" >>"$res/progress.log"; }
 stamp "start ${GRAPHFIX_COMMIT:-unset}"
+if [ -n "${PRE:-}" ]; then
+  mkdir -p "$res/pre"
+  OUT="$res/pre" timeout 900 bash -c "$PRE" >"$res/pre.log" 2>&1
+  stamp "pre rc=$?"
+fi
 if [ -n "$first" ]; then
   OUT="$res/first" timeout 900 python3 -m pytest $first -q -rA -p no:cacheprovider \
     >"$res/first.log" 2>&1
