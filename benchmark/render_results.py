@@ -380,6 +380,17 @@ def plugin_and_fallback() -> list:
     ]
 
 
+def _gdn_extend_kernel_runs(folder: str):
+    """test_gdn_extend_kernel.py's files in ``folder``: per kernel and value-head
+    count, (kernel, heads, per-batch diffs, the wrong-state control's diffs)."""
+    for kernel in ("flashinfer", "triton"):
+        for hv in (4, 32):
+            name = f"gdn_extend_kernel_{kernel}_hv{hv}"
+            batches = list(_load(f"{folder}{name}.json")["max_abs_diff"].values())
+            bad = _load(f"{folder}{name}_wrong_state.json")["max_abs_diff"]
+            yield kernel, hv, batches, bad
+
+
 def gdn_prefill_accuracy() -> list:
     """The GDN extend captured with FlashInfer's prefill (as shipped on SM90) and
     with Triton: per kernel against sglang's eager extend, and per engine against
@@ -395,19 +406,15 @@ def gdn_prefill_accuracy() -> list:
         "| check | result |",
         "| --- | --- |",
     ]
-    for kernel in ("flashinfer", "triton"):
-        for hv in (4, 32):
-            name = f"gdn_extend_kernel_{kernel}_hv{hv}"
-            batches = _load(f"{folder}{name}.json")["max_abs_diff"].values()
-            bad = _load(f"{folder}{name}_wrong_state.json")["max_abs_diff"]
-            rows.append(
-                f"| {kernel} kernel, {hv} value heads: 256-token bucket replayed for "
-                f"{len(batches)} batches vs sglang's eager extend | output max diff "
-                + " / ".join(f"{b['output']:g}" for b in batches)
-                + "; rows past the batch and the padding slot finite: "
-                + str(all(b["padding_slot_finite"] for b in batches))
-                + f"; wrong state slot (control): {bad['output']:.3f} |"
-            )
+    for kernel, hv, batches, bad in _gdn_extend_kernel_runs(folder):
+        rows.append(
+            f"| {kernel} kernel, {hv} value heads: 256-token bucket replayed for "
+            f"{len(batches)} batches vs sglang's eager extend | output max diff "
+            + " / ".join(f"{b['output']:g}" for b in batches)
+            + "; rows past the batch and the padding slot finite: "
+            + str(all(b["padding_slot_finite"] for b in batches))
+            + f"; wrong state slot (control): {bad['output']:.3f} |"
+        )
     flashinfer_fp32 = _load(folder + "gdn_prefill_1024_full_flashinfer_fp32.json")
     lengths, errors = flashinfer_fp32["prompt_lengths"], flashinfer_fp32["fp32_error"]
     triton_graph = _load(folder + "gdn_prefill_1024_full_fp32.json")["fp32_error"][
@@ -457,25 +464,21 @@ def masked_state_copy() -> list:
     rows = [
         "",
         "GDN extend in the full prefill graph with the masked state copy (H200; "
-        "padding request slots neither read nor write state):",
+        "padding request slots neither read nor write SSM state):",
         "",
         "| check | result |",
         "| --- | --- |",
     ]
-    for kernel in ("flashinfer", "triton"):
-        for hv in (4, 32):
-            name = f"gdn_extend_kernel_{kernel}_hv{hv}"
-            batches = _load(f"{folder}{name}.json")["max_abs_diff"].values()
-            bad = _load(f"{folder}{name}_wrong_state.json")["max_abs_diff"]
-            rows.append(
-                f"| {kernel} kernel, {hv} value heads, 4 request slots: "
-                f"{len(batches)} batches vs sglang's eager extend | output max diff "
-                + " / ".join(f"{b['output']:g}" for b in batches)
-                + "; padding slot's state untouched by every replay: "
-                + str(all(b["padding_slot_untouched"] for b in batches))
-                + f" | wrong state slot: output {bad['output']:.3f}, padding slot "
-                f"untouched: {bad['padding_slot_untouched']} |"
-            )
+    for kernel, hv, batches, bad in _gdn_extend_kernel_runs(folder):
+        rows.append(
+            f"| {kernel} kernel, {hv} value heads, 4 request slots: "
+            f"{len(batches)} batches vs sglang's eager extend | output max diff "
+            + " / ".join(f"{b['output']:g}" for b in batches)
+            + "; padding slot's SSM state untouched by every replay: "
+            + str(all(b["padding_slot_untouched"] for b in batches))
+            + f" | wrong state slot: output {bad['output']:.3f}, padding slot "
+            f"untouched: {bad['padding_slot_untouched']} |"
+        )
     engine = _load(folder + "hybrid_gdn_full_prefill_vs_eager_default.json")
     steps = sum(b["compared_steps"] for b in engine["batches"])
     mismatches = sum(len(b["mismatches"]) for b in engine["batches"])

@@ -33,11 +33,14 @@ its decode reads, keeps the state it was cleared to, so the control shows in
 the decode steps: the Mamba2 branch must carry real weight there
 (tiny_falcon_h1's gated RMSNorm; on CPU, zeroing the Mamba2 states after the
 prefill splits greedy decoding of every prompt length of BATCHES for both
-checkpoints, logprobs moving 0.06-0.24 before the split, bf16 vs fp32 <= 0.007).
+checkpoints, logprobs moving 0.06-0.24 before the split, bf16 vs fp32 <= 0.007;
+for nemotron_h_mlp and granite_moe_hybrid, `python3
+test/gpu/check_control_checkpoints.py`: zeroed states split greedy decoding at
+the first decode step for prompts of 7, 64 and 255 tokens).
 
-Three engines (eager, graph, faulted graph) per case, 9 in all: under a
-per-command time limit, run one model at a time (`-k nemotron_h`,
-`-k falcon_h1`).
+Three engines (eager, graph, faulted graph) per case, 15 in all: under a
+per-command time limit, run one model at a time (`-k "nemotron_h and not mlp"`,
+`-k nemotron_h_mlp`, `-k falcon_h1`, `-k granite`).
 
 Checked on CPU: the checkpoints load into sglang's own model classes with
 every parameter set (Falcon-H1's q_norm / k_norm excepted: sglang's FalconH1

@@ -438,3 +438,40 @@ def test_the_captured_gdn_prefill_kernel_is_named(capsys, plugin_on, flags, kern
     assert outcomes(out)[GRAPHFIX].endswith(
         f"GDN extend captured in the full prefill graph (prefill kernel {kernel})"
     )
+
+
+@pytest.mark.parametrize("gaps_captured", [False, True])
+def test_nemotron_h_with_mlp_layers_and_the_layer_gaps_switch(
+    capsys, plugin_on, monkeypatch, tmp_path, gaps_captured
+):
+    """NemotronH with MLP and MoE layers (one group, bfloat16, flashinfer): upstream
+    runs every prefill eagerly (its prefill graph setup finds no attention module
+    in those layers); sglang-graphfix refuses the explicit full graph naming the
+    layer scan with MAMBA2_LAYER_GAPS_CAPTURED off (as shipped), and with it on
+    runs the full graph (the scan's hook keeps it)."""
+    import torch
+    from tiny_configs import _nemotron_h
+
+    from sglang_graphfix.srt import full_prefill_graph_capability as capability
+
+    config = _nemotron_h(hybrid_override_pattern="M-M*E", mamba_n_groups=1)
+    config.architectures = ["NemotronHForCausalLM"]
+    config.dtype = torch.bfloat16
+    config.save_pretrained(tmp_path)
+    monkeypatch.setattr(capability, "MAMBA2_LAYER_GAPS_CAPTURED", gaps_captured)
+    status, out = explain(
+        capsys, "--model-path", str(tmp_path), "--cuda-graph-backend-prefill", "full",
+        "--attention-backend", "flashinfer",
+    )  # fmt: skip
+    result = outcomes(out)
+    assert result[UPSTREAM].startswith("runs: every prefill eager")
+    assert "NemotronH's MLP ('-') and MoE ('E') layers" in result[UPSTREAM]
+    if gaps_captured:
+        assert status == 0
+        assert result[GRAPHFIX].startswith(
+            "runs: prefill CUDA graph full, decode CUDA graph"
+        )
+    else:
+        assert status == 1
+        assert result[GRAPHFIX].startswith("refuses at startup")
+        assert "captures no prefill graph for this model" in result[GRAPHFIX]

@@ -89,8 +89,8 @@ KDA_FULL_PREFILL_GRAPH = True
 MAMBA2_FULL_PREFILL_GRAPH = True
 # NemotronH's MLP and MoE layers and GraniteMoeHybrid's Mamba2 layers hold no
 # attention module, so sglang's prefill graph setup turns every prefill graph off
-# for those models (_LAYER_SCAN); a full graph runs the model's forward whole and
-# looks no layer's module up, so
+# for those models (_LAYER_SCAN); a full graph runs the model's forward whole and,
+# by our reading (H200 check pending), looks no layer's module up, so
 # ..model_executor.model_runner_components.cuda_graph_setup keeps it for them.
 # THE switch for that: off until an H200 runs the checks listed in
 # docs/mamba2_full_prefill_graph.md ("Layers without attention"); while off,

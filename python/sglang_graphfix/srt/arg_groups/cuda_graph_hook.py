@@ -229,6 +229,11 @@ def judge_prefill_graph_on_final_settings(original, server_args: Any):
         raise ValueError(_kda_breakable_error(server_args))
 
 
+def _full_prefill_graph(cfg: Any) -> bool:
+    graph_config = cfg.cuda_graph_config
+    return graph_config is not None and graph_config.prefill.backend == Backend.FULL
+
+
 # The fewest request slots a hybrid model's full prefill graph gets when the user
 # sets none. Issue 13, on a Qwen3-Next layout at chunked_prefill_size 512: with 8
 # slots 8 x 64-token batches replayed the graph, 1.7x faster than breakable; a
@@ -269,8 +274,7 @@ def hybrid_full_prefill_request_slots(original, server_args: Any):
     cfg = resolving_view(server_args)
     graph_config = cfg.cuda_graph_config
     if (
-        graph_config is None
-        or graph_config.prefill.backend != Backend.FULL
+        not _full_prefill_graph(cfg)
         or graph_config.prefill.full_prefill_max_req is not None
     ):
         return
@@ -343,10 +347,8 @@ def full_prefill_request_slots(cfg: Any) -> int:
 def cap_prefill_batches_at_request_slots(original, server_args: Any):
     original(server_args)
     cfg = resolving_view(server_args)
-    graph_config = cfg.cuda_graph_config
     if (
-        graph_config is None
-        or graph_config.prefill.backend != Backend.FULL
+        not _full_prefill_graph(cfg)
         or cfg.prefill_max_requests is not None
         or cfg.enable_mixed_chunk
         or (

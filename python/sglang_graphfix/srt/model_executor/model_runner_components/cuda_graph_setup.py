@@ -5,7 +5,8 @@ Fixes sglang/srt/model_executor/model_runner_components/cuda_graph_setup.py:
 capture_prefill_graph turns every prefill graph off for a model with a layer in
 which it finds no attention module (has_standard_gqa_for_all_local_layers), a
 rule the breakable and tc_piecewise graphs need (their split ops look a layer's
-module up by its id) and a full graph does not.
+module up by its id) and a full graph, by our reading (H200 check pending), does
+not.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 from sglang.srt.arg_groups.overrides import model_config_of
 from sglang.srt.model_executor.cuda_graph_config import Backend
 from sglang.srt.runtime_context import get_context, get_exec
+from sglang.srt.utils import log_info_on_rank0
 from sglang_graphfix.srt import full_prefill_graph_capability as capability
 
 logger = logging.getLogger(__name__)
@@ -24,23 +26,28 @@ logger = logging.getLogger(__name__)
 #          layer scan: under a full prefill graph, a Mamba2 hybrid's layers that
 #          hold no attention module (NemotronH's MLP and MoE layers,
 #          GraniteMoeHybrid's Mamba2 layers) no longer turn the graph off.
-# Why:     The scan wants one attention module per layer because the breakable
-#          and tc_piecewise graphs' split ops look a layer's module up by its id.
-#          A full graph captures the model's forward whole: NemotronH's Mamba
-#          layers call their split op only inside those two graphs, Granite's call
-#          the Mamba2 backend directly, MLP and MoE layers look nothing up. So
-#          every published NemotronH and Granite 4.0 hybrid prefilled eagerly
-#          under any prefill graph (issue 16).
+# Why:     The scan ("Disable prefill CUDA graph because some layers do not apply
+#          Standard GQA") wants one attention module per layer because the
+#          breakable and tc_piecewise graphs' split ops look a layer's module up
+#          by its id. A full graph captures the model's forward whole and, by our
+#          reading (H200 check pending), looks none up: NemotronH's Mamba layers
+#          call their split op only inside those two graphs, Granite's call the
+#          Mamba2 backend directly, MLP and MoE layers look nothing up. So every
+#          published NemotronH and Granite 4.0 hybrid prefilled eagerly under any
+#          prefill graph (issue 16).
 # How:     Where upstream says no, say yes when the prefill graph is full,
 #          MAMBA2_LAYER_GAPS_CAPTURED is on, the scan covers the whole model (no
 #          pipeline split) and the layers it found no attention in are exactly
 #          those full_graph_layer_gap_count counts for the served model (the
 #          capability model's verdict on the same facts let the full graph
-#          through resolution). Anything else, a draft model included, keeps
-#          upstream's no.
+#          through resolution). Otherwise upstream's no, with a warning where the
+#          served model has such layers under a full graph (a pipeline split, or
+#          a model other than the served one: speculative decoding, whose draft
+#          would be another model, is already refused for Mamba2).
 # Upstream: sglang/srt/model_executor/model_runner_components/cuda_graph_setup.py::has_standard_gqa_for_all_local_layers
-#          (to propose: capture_prefill_graph skips the scan for a full graph)
-# Removal: once upstream's full prefill graph setup does not need the scan.
+#          (to propose: capture_prefill_graph skips the scan for Backend.FULL)
+# Removal: once capture_prefill_graph skips has_standard_gqa_for_all_local_layers
+#          under a full prefill graph.
 def keep_full_prefill_graph_across_mamba2_layer_gaps(
     original, *, attention_layer_count: int, start_layer: int, end_layer: int
 ):
@@ -57,13 +64,27 @@ def keep_full_prefill_graph_across_mamba2_layer_gaps(
         return False
     model_config = model_config_of(get_context().server_args)
     gaps = capability.full_graph_layer_gap_count(model_config)
-    whole_model = start_layer == 0 and end_layer == model_config.num_hidden_layers
-    if not gaps or not whole_model or end_layer - attention_layer_count != gaps:
+    if not gaps:
         return False
-    logger.info(
-        "Full prefill CUDA graph kept across %d layer(s) without attention (%s), "
-        "which sglang's prefill graph setup would turn it off for.",
-        gaps,
-        capability.prefill_graph_layer_gap(model_config),
+    layers = capability.prefill_graph_layer_gap(model_config)
+    whole_model = start_layer == 0 and end_layer == model_config.num_hidden_layers
+    if not whole_model or end_layer - attention_layer_count != gaps:
+        logger.warning(
+            "Full prefill CUDA graph turned off by sglang's prefill graph setup: "
+            "sglang-graphfix keeps it across %s only for the whole served model "
+            "(layers %d-%d scanned, %d without attention; the served model has %d "
+            "layers, %d of them without attention). Prefill runs eager.",
+            layers,
+            start_layer,
+            end_layer,
+            end_layer - start_layer - attention_layer_count,
+            model_config.num_hidden_layers,
+            gaps,
+        )
+        return False
+    log_info_on_rank0(
+        logger,
+        f"Full prefill CUDA graph kept across {gaps} layer(s) without attention "
+        f"({layers}), which sglang's prefill graph setup would turn it off for.",
     )
     return True

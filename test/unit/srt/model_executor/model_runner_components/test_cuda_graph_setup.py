@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parents[5]
 def _write(tmp_path) -> dict:
     configs = {}
     # One group, bfloat16: what MAMBA2_CHECKED admits. "M*M-": an MLP layer;
-    # "M-M*-": two; "M*ME": a MoE layer.
-    for name, pattern in (("mlp", "M*M-"), ("two_mlp", "M-M*-"), ("moe", "M*ME")):
+    # "M-M*-": two; "M--*": two in as many layers as "M*M-"; "M*ME": a MoE layer.
+    patterns = {"mlp": "M*M-", "two_mlp": "M-M*-", "other_mlp": "M--*", "moe": "M*ME"}
+    for name, pattern in patterns.items():
         config = _nemotron_h(hybrid_override_pattern=pattern, mamba_n_groups=1)
         config.architectures = ["NemotronHForCausalLM"]
         configs[name] = config
@@ -37,16 +38,22 @@ def _write(tmp_path) -> dict:
 
 
 def test_full_graph_kept_for_the_served_models_layer_gaps(tmp_path):
-    """With MAMBA2_LAYER_GAPS_CAPTURED on, capture_prefill_graph builds the full
+    """With MAMBA2_LAYER_GAPS_CAPTURED on, capture_prefill_graph reaches the full
     prefill runner for the served model whose layers without attention are the
-    ones the capability model counted; with it off, or for a model with other
-    gaps than the served one's (a draft model, say), upstream's verdict stands."""
+    ones the capability model counted. Upstream's verdict stands with the switch
+    off, under a breakable graph, for a model with other gaps than the served
+    one's (as many layers, or more), and for a scan of part of the model (a
+    later pipeline stage's layers)."""
     d = _write(tmp_path)
     runs = {
-        d["mlp"]: [f"{d['mlp']},on", f"{d['mlp']},off", f"{d['two_mlp']},on"],
-        d["moe"]: [f"{d['moe']},on"],
-        d["granite"]: [f"{d['granite']},on", f"{d['granite']},off"],
-    }
+        (d["mlp"], "full"): [
+            ("mlp", "on"), ("mlp", "off"), ("two_mlp", "on"), ("other_mlp", "on"),
+        ],
+        (d["mlp"], "breakable"): [("mlp", "on")],
+        (d["two_mlp"], "full"): [("two_mlp", "on"), ("two_mlp", "on", "1")],
+        (d["moe"], "full"): [("moe", "on")],
+        (d["granite"], "full"): [("granite", "on"), ("granite", "off")],
+    }  # fmt: skip
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(
@@ -54,26 +61,35 @@ def test_full_graph_kept_for_the_served_models_layer_gaps(tmp_path):
         ),
     }
     procs = {
-        served: subprocess.Popen(
-            [sys.executable, str(SCRIPT), served, *cases],
+        run: subprocess.Popen(
+            [
+                sys.executable, str(SCRIPT), *run,
+                *(",".join([d[case[0]], *case[1:]]) for case in cases),
+            ],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for served, cases in runs.items()
-    }
+        for run, cases in runs.items()
+    }  # fmt: skip
     kept = {}
-    for served, proc in procs.items():
+    name = {path: key for key, path in d.items()}
+    for (served, backend), proc in procs.items():
         out, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-3000:]
-        kept.update(json.loads(out.strip().splitlines()[-1]))
-    name = {path: key for key, path in d.items()}
-    assert {(name[c.split(",")[0]], c.split(",")[1]): v for c, v in kept.items()} == {
-        ("mlp", "on"): True,
-        ("mlp", "off"): False,
-        ("two_mlp", "on"): False,
-        ("moe", "on"): True,
-        ("granite", "on"): True,
-        ("granite", "off"): False,
+        for case, value in json.loads(out.strip().splitlines()[-1]).items():
+            built, *rest = case.split(",")
+            kept[(name[served], backend, name[built], *rest)] = value
+    assert kept == {
+        ("mlp", "full", "mlp", "on"): True,
+        ("mlp", "full", "mlp", "off"): False,
+        ("mlp", "full", "two_mlp", "on"): False,
+        ("mlp", "full", "other_mlp", "on"): False,
+        ("mlp", "breakable", "mlp", "on"): False,
+        ("two_mlp", "full", "two_mlp", "on"): True,
+        ("two_mlp", "full", "two_mlp", "on", "1"): False,
+        ("moe", "full", "moe", "on"): True,
+        ("granite", "full", "granite", "on"): True,
+        ("granite", "full", "granite", "off"): False,
     }
