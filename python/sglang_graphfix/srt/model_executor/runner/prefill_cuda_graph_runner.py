@@ -137,7 +137,7 @@ def route_full_prefill_fallback(original, self):
     logger.info(
         "Full prefill CUDA graph routing: a prefill batch replays the graph with "
         "up to %d request(s) and %d token(s) (buckets %s); others (more requests "
-        "or tokens, contexts above the graph's bound, logprobs, LoRA, multimodal "
+        "or tokens, contexts above the graph's bound, LoRA, multimodal "
         "or speculative inputs the graph cannot take) run eager on %s. Raise the "
         'request cap with --cuda-graph-config \'{"prefill": '
         '{"backend": "full", "full_prefill_max_req": N}}\'.',
