@@ -632,6 +632,7 @@ def graphfix_outcome(plan: Plan) -> Outcome:
     the DSA indexer LoRA paths it does not cover fail later."""
     from sglang.srt.model_executor.cuda_graph_config import Backend
     from sglang_graphfix.srt.full_prefill_graph_capability import (
+        MAMBA2_FAMILY,
         full_prefill_graph_support,
     )
 
@@ -649,6 +650,10 @@ def graphfix_outcome(plan: Plan) -> Outcome:
             notes.append(
                 f"{support.linear_attention} extend captured in the full prefill graph "
                 f"(prefill kernel {support.linear_prefill_kernel})"
+            )
+        elif support.linear_attention == MAMBA2_FAMILY:
+            notes.append(
+                "Mamba2 extend (MambaMixer2) captured in the full prefill graph"
             )
     return Outcome(True, runs.text + "".join(f"; {n}" for n in notes))
 

@@ -471,7 +471,27 @@ def test_nemotron_h_with_mlp_layers_and_the_layer_gaps_switch(
         assert result[GRAPHFIX].startswith(
             "runs: prefill CUDA graph full, decode CUDA graph"
         )
+        assert result[GRAPHFIX].endswith(
+            "Mamba2 extend (MambaMixer2) captured in the full prefill graph"
+        )
     else:
         assert status == 1
         assert result[GRAPHFIX].startswith("refuses at startup")
         assert "captures no prefill graph for this model" in result[GRAPHFIX]
+
+
+def test_falcon_h1_sample_runs_the_mamba2_extend_in_the_full_graph(capsys, plugin_on):
+    """The shipped Falcon-H1 config (bfloat16, one group) with the Mamba2-checked
+    attention backend: upstream crashes at capture, sglang-graphfix says which
+    extend the full graph captures."""
+    status, out = explain(
+        capsys, "--sample", "falcon-h1", "--cuda-graph-backend-prefill", "full",
+        "--attention-backend", "flashinfer",
+    )  # fmt: skip
+    assert status == 0
+    result = outcomes(out)
+    assert result[UPSTREAM].startswith(INDEX_ERROR)
+    assert result[GRAPHFIX] == (
+        "runs: prefill CUDA graph full, decode CUDA graph full; Mamba2 extend "
+        "(MambaMixer2) captured in the full prefill graph"
+    )

@@ -289,7 +289,7 @@ KDA_CONDITIONS = (
 )
 
 
-_MAMBA2_FAMILY = "Mamba2/short-conv"
+MAMBA2_FAMILY = "Mamba2/short-conv"
 _MIXERS = {
     "mamba1": "Mamba-1 mixer (MambaMixer1: Falcon-Mamba, Mamba)",
     "short-conv": "short-conv layers (ShortConvAttnBackend: LFM2, ZAYA1)",
@@ -404,7 +404,7 @@ MAMBA2_CONDITIONS = (
     Condition(
         setting="MAMBA2_FULL_PREFILL_GRAPH (sglang_graphfix.srt.full_prefill_graph_capability)",
         violated=lambda s: not MAMBA2_FULL_PREFILL_GRAPH,
-        reason=lambda s: _NO_CAPTURABLE_EXTEND.format(family=_MAMBA2_FAMILY),
+        reason=lambda s: _NO_CAPTURABLE_EXTEND.format(family=MAMBA2_FAMILY),
     ),
     Condition(
         setting="Mamba2/short-conv (mixer)",
@@ -606,7 +606,7 @@ def _registry_defined(model_config) -> bool:
 LINEAR_FAMILIES = (
     LinearFamily("Inkling short-conv", _is_inkling, (InklingShortConvAttnBackend,), True),
     LinearFamily("GDN", lambda m: hybrid_gdn_config(m) is not None, (GDNAttnBackend,), True, GDN_CONDITIONS),
-    LinearFamily(_MAMBA2_FAMILY, lambda m: mamba2_config(m) is not None, (Mamba2AttnBackend, ShortConvAttnBackend), True, MAMBA2_CONDITIONS),
+    LinearFamily(MAMBA2_FAMILY, lambda m: mamba2_config(m) is not None, (Mamba2AttnBackend, ShortConvAttnBackend), True, MAMBA2_CONDITIONS),
     LinearFamily("KDA", lambda m: hybrid_kda_config(m) is not None, (KDAAttnBackend,), True, KDA_CONDITIONS),
     LinearFamily("Lightning", lambda m: hybrid_lightning_config(m) is not None, (LightningAttentionBackend,), False),
     LinearFamily("registry-defined", _registry_defined, (), False),
@@ -692,7 +692,7 @@ def capturing_attention_backends(*, mla: bool, sm: int) -> tuple[str, ...]:
 
 def _keep_full_with_attention(s: Settings) -> str | None:
     advised = capturing_attention_backends(mla=s.mla, sm=s.sm)
-    if s.family == _MAMBA2_FAMILY and _mamba2_extend_captured(s):
+    if s.family == MAMBA2_FAMILY and _mamba2_extend_captured(s):
         advised = tuple(b for b in advised if b == MAMBA2_CHECKED["attention"])
     return "set --attention-backend " + " / ".join(advised) if advised else None
 
@@ -907,7 +907,7 @@ def settings_from_server_args(server_args: Any) -> tuple[Settings, str | None]:
                 two_batch_overlap=bool(cfg.enable_two_batch_overlap),
                 **mamba2_model_facts(model_config),
             )
-            if family is not None and family.name == _MAMBA2_FAMILY
+            if family is not None and family.name == MAMBA2_FAMILY
             else {}
         ),
     )
@@ -957,7 +957,7 @@ def settings_from_linear_backend(linear, prefill_runner=None) -> Settings:
         dllm=getattr(prefill_runner, "dllm_attention", None) is not None,
         **(
             _mamba2_runtime_facts(linear)
-            if family.name == _MAMBA2_FAMILY and MAMBA2_FULL_PREFILL_GRAPH
+            if family.name == MAMBA2_FAMILY and MAMBA2_FULL_PREFILL_GRAPH
             else {}
         ),
     )
