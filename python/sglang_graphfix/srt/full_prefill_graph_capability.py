@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from sglang.srt.configs import (
     FalconMambaConfig,
@@ -136,7 +136,7 @@ class Settings:
     # phrase, prefill_graph_layer_gap); None: none, or not known here.
     layer_gap: str | None = None
     # How many layers that gap is, where a full graph runs them
-    # (full_graph_layer_gap_count); None: not such a gap.
+    # (LayerGap.full_graph_layers); None: not such a gap.
     layer_gap_layers: int | None = None
     model_dtype: str | None = None  # the weights' dtype as served; None: unknown
     mamba_groups: int | None = None  # groups of the Mamba2 mixers; None: unknown
@@ -331,44 +331,44 @@ _LAYER_SCAN_OFF = (
 )
 
 
-def prefill_graph_layer_gap(model_config) -> str | None:
+class LayerGap(NamedTuple):
     """The layers of a Mamba2-family model in which sglang's prefill-graph setup
-    finds no attention module (see _LAYER_SCAN_OFF), as a phrase; None when every
-    layer has one (Falcon-H1: attention beside Mamba2 in every layer)."""
+    finds no attention module (see _LAYER_SCAN_OFF)."""
+
+    layers: str  # which, as a phrase
+    # How many, where a full prefill graph runs them like any other layer
+    # (NemotronH's MLP and MoE layers, GraniteMoeHybrid's Mamba2 layers); None
+    # for the gap no hook covers (pure Mamba2: every layer).
+    full_graph_layers: int | None
+
+
+def layer_gap(model_config) -> LayerGap | None:
+    """The model's LayerGap; None when every layer has an attention module
+    (Falcon-H1: attention beside Mamba2 in every layer)."""
     if _is_inkling(model_config):
         return None  # its own family (and mamba2_config reads the published context)
     config = mamba2_config(model_config)
     if isinstance(config, NemotronHConfig):  # NemotronH, its Nano VL's LLM, Puzzle
         kinds = [k for k in ("mlp", "moe") if k in config.layers_block_type]
+        if not kinds:
+            return None
         names = {"mlp": "MLP ('-')", "moe": "MoE ('E')"}
-        return (
-            f"NemotronH's {' and '.join(names[k] for k in kinds)} layers"
-            if kinds
-            else None
+        return LayerGap(
+            f"NemotronH's {' and '.join(names[k] for k in kinds)} layers",
+            sum(kind in kinds for kind in config.layers_block_type),
         )
     if isinstance(config, GraniteMoeHybridConfig):  # has Mamba layers, or not Mamba2
-        return "GraniteMoeHybrid's Mamba2 layers"
+        mamba = sum(kind == "mamba" for kind in config.layer_types)
+        return LayerGap("GraniteMoeHybrid's Mamba2 layers", mamba or None)
     if isinstance(config, Mamba2Config):
-        return "any layer of a pure Mamba2 model"
+        return LayerGap("any layer of a pure Mamba2 model", None)
     return None
 
 
-def full_graph_layer_gap_count(model_config) -> int | None:
-    """How many layers of a Mamba2 hybrid sglang's prefill-graph setup finds no
-    attention module in, where a full prefill graph runs them like any other
-    (NemotronH's MLP and MoE layers, GraniteMoeHybrid's Mamba2 layers); None when
-    the model has no such gap (pure Mamba2's gap is every layer: not one of
-    these)."""
-    if _is_inkling(model_config):
-        return None
-    config = mamba2_config(model_config)
-    if isinstance(config, NemotronHConfig):
-        gaps = sum(kind in ("mlp", "moe") for kind in config.layers_block_type)
-    elif isinstance(config, GraniteMoeHybridConfig):
-        gaps = sum(kind == "mamba" for kind in config.layer_types)
-    else:
-        return None
-    return gaps or None
+def prefill_graph_layer_gap(model_config) -> str | None:
+    """layer_gap's phrase; None when every layer has an attention module."""
+    gap = layer_gap(model_config)
+    return gap.layers if gap else None
 
 
 def prefill_graph_turned_off(
@@ -379,14 +379,14 @@ def prefill_graph_turned_off(
     None when it does not. sm: the compute capability, for NemotronH's hybrid
     breakable graph (SM120, every layer with attention or MoE). with_graphfix:
     with the scan's hook (keep_full_prefill_graph_across_mamba2_layer_gaps)."""
-    gap = prefill_graph_layer_gap(model_config)
+    gap = layer_gap(model_config)
     if gap is None or backend not in ("full", "breakable"):
         return None
     if (
         with_graphfix
         and backend == "full"
         and MAMBA2_LAYER_GAPS_CAPTURED
-        and full_graph_layer_gap_count(model_config)
+        and gap.full_graph_layers
     ):
         return None
     config = mamba2_config(model_config)
@@ -397,7 +397,9 @@ def prefill_graph_turned_off(
         and "mlp" not in config.layers_block_type
     ):
         return None
-    return f"no attention module in {gap}: 'some layers do not apply Standard GQA'"
+    return (
+        f"no attention module in {gap.layers}: 'some layers do not apply Standard GQA'"
+    )
 
 
 MAMBA2_CONDITIONS = (
@@ -522,9 +524,10 @@ def mamba2_model_facts(model_config) -> dict:
     n_groups) and the state pools' dtypes (mamba2_state_dtype: the config's
     mamba_ssm_dtype, --mamba-ssm-dtype / SGLANG_MAMBA_SSM_DTYPE,
     SGLANG_MAMBA_CONV_DTYPE)."""
+    gap = layer_gap(model_config)
     facts = {
-        "layer_gap": prefill_graph_layer_gap(model_config),
-        "layer_gap_layers": full_graph_layer_gap_count(model_config),
+        "layer_gap": gap.layers if gap else None,
+        "layer_gap_layers": gap.full_graph_layers if gap else None,
     }
     config = mamba2_config(model_config)
     if config is None or _is_inkling(model_config):

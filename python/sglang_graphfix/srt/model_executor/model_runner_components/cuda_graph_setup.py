@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 # How:     Where upstream says no, say yes when the prefill graph is full,
 #          MAMBA2_LAYER_GAPS_CAPTURED is on, the scan covers the whole model (no
 #          pipeline split) and the layers it found no attention in are exactly
-#          those full_graph_layer_gap_count counts for the served model (the
+#          those layer_gap counts for the served model (the
 #          capability model's verdict on the same facts let the full graph
 #          through resolution). Otherwise upstream's no, with a warning where the
 #          served model has such layers under a full graph (a pipeline split, or
@@ -63,10 +63,10 @@ def keep_full_prefill_graph_across_mamba2_layer_gaps(
     ):
         return False
     model_config = model_config_of(get_context().server_args)
-    gaps = capability.full_graph_layer_gap_count(model_config)
-    if not gaps:
+    gap = capability.layer_gap(model_config)
+    if gap is None or not gap.full_graph_layers:
         return False
-    layers = capability.prefill_graph_layer_gap(model_config)
+    layers, gaps = gap
     whole_model = start_layer == 0 and end_layer == model_config.num_hidden_layers
     if not whole_model or end_layer - attention_layer_count != gaps:
         logger.warning(

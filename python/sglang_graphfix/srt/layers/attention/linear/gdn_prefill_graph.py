@@ -164,8 +164,8 @@ def flashinfer_delta_rule_on_tables(kernel, q, k, v, g, beta, ssm_states, meta, 
     only FlashInfer prefill the graph captures, FLASHINFER_GDN_CAPTURE_SM) on the
     bucket's tables, written here rather than called because the extend moves the
     SSM states of every request slot (below); the same kernel inputs for the
-    real rows: l2-normalised
-    q/k, alpha = exp(g) and beta in fp32, int64 cu_seqlens, fp32 states.
+    real rows: l2-normalised q/k, alpha = exp(g) and beta in fp32, int64
+    cu_seqlens, fp32 states.
     Tokens past the batch (``past``, rows_past_batch: q/k/v zeroed by the
     caller, gates here) keep zero output rows.
 
