@@ -18,6 +18,9 @@ from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
 )
 from sglang.srt.layers.attention.linear import gdn_backend as upstream_gdn
 from sglang.srt.layers.attention.linear.kernels import gdn_flashinfer
+from sglang.srt.layers.attention.linear.kernels.gdn_flashinfer import (
+    FlashInferGDNKernel,
+)
 from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
 from sglang.srt.layers.attention.linear.utils import (
     LinearAttnBackends,
@@ -310,3 +313,124 @@ def test_breakable_runner_is_untouched(flashinfer_on_cpu, monkeypatch):
     setattr(runner.model_runner, EAGER_GDN_PREFILL_DEFAULT, "flashinfer")
     _after_capture(runner, runner.model_runner, monkeypatch)
     assert gdn.kernel_dispatcher is kept
+
+
+# --- long prefills of few requests: FlashInfer's context-parallel GDN kernel
+
+
+@pytest.fixture
+def h200(monkeypatch):
+    """flashinfer's hardware probes answer as an H200 (132 SMs, SM90): its rule
+    picks the context-parallel GDN prefill for one or two sequences of 32 heads."""
+    import flashinfer.utils
+
+    monkeypatch.setattr(flashinfer.utils, "get_device_sm_count", lambda d: 132)
+    monkeypatch.setattr(flashinfer.utils, "get_device_name", lambda d: "NVIDIA H200")
+    monkeypatch.setattr(flashinfer.utils, "get_compute_capability", lambda d: (9, 0))
+
+
+def _gdn_with_flashinfer_captured(v_heads=32, k_heads=16):
+    """A GDN backend whose prefill kernel (in the graph and eager) is sglang's
+    FlashInferGDNKernel, at Qwen3-Next-80B-A3B's heads on one rank."""
+    gdn = make_gdn(extend_kernel=FlashInferGDNKernel.__new__(FlashInferGDNKernel))
+    gdn.conv_states_shape = (16, (2 * k_heads + v_heads) * 128, 3)
+    gdn.req_to_token_pool.mamba_pool = SimpleNamespace(
+        mamba_cache=SimpleNamespace(temporal=torch.zeros(2, v_heads, 128, 128))
+    )
+    return gdn
+
+
+def _long_runner(gdn, slots=16):
+    runner = _runner(gdn)
+    runner._capture_req_slots = slots
+    runner.capture_num_tokens = [256, 1024, 4096, 8192]
+    runner.max_num_tokens = 8192
+    return runner
+
+
+LONG = ours.LONG_PREFILL_EAGER_MIN_TOKENS
+
+
+def test_long_prefills_of_few_requests_run_eager(h200, fresh_counter):
+    runner = _long_runner(_gdn_with_flashinfer_captured())
+    batches = {
+        "1 long": [8192],
+        "1 at the threshold": [LONG],
+        "2 long": [LONG // 2, LONG // 2],
+        "1 below": [LONG - 1],
+        "3 long": [3000, 3000, 2000],
+        "16 x 512": [512] * 16,
+        "1 short": [200],
+    }
+    verdicts = {
+        name: runner.can_run_graph(_batch(lens)) for name, lens in batches.items()
+    }
+    assert verdicts == {
+        "1 long": False,
+        "1 at the threshold": False,
+        "2 long": False,
+        "1 below": True,
+        "3 long": True,
+        "16 x 512": True,
+        "1 short": True,
+    }
+    reason = (
+        f"up to 2 request(s) and at least {LONG} tokens: FlashInfer's "
+        "context-parallel GDN prefill"
+    )
+    assert fresh_counter.eager == {reason: 3} and fresh_counter.graph == 4
+
+
+def test_long_prefills_replay_where_the_graph_has_eagers_kernel(h200):
+    # The graph's slots already take the context-parallel kernel (2 slots).
+    runner = _long_runner(_gdn_with_flashinfer_captured(), slots=2)
+    assert runner.can_run_graph(_batch([8192]))
+    # More heads per sequence: the context-parallel kernel for no request count.
+    runner = _long_runner(_gdn_with_flashinfer_captured(v_heads=80, k_heads=16))
+    assert runner.can_run_graph(_batch([8192]))
+
+
+def test_long_prefills_replay_where_the_graph_captured_triton(h200):
+    runner = _long_runner(_gdn_with_flashinfer_captured())
+    setattr(runner.model_runner, EAGER_GDN_PREFILL_DEFAULT, "flashinfer")
+    assert runner.can_run_graph(_batch([8192]))
+    runner = _long_runner(make_gdn())  # Triton in the graph and eager
+    assert runner.can_run_graph(_batch([8192]))
+
+
+def test_long_prefills_replay_where_flashinfers_rule_cannot_be_asked(monkeypatch):
+    import flashinfer.utils
+
+    def no_device(device):
+        raise RuntimeError("no CUDA device")
+
+    monkeypatch.setattr(flashinfer.utils, "get_device_sm_count", no_device)
+    runner = _long_runner(_gdn_with_flashinfer_captured())
+    assert runner.can_run_graph(_batch([8192]))
+
+
+def test_breakable_graphs_route_no_long_prefill(h200):
+    runner = _long_runner(_gdn_with_flashinfer_captured())
+    runner._is_full_backend = False
+    runner.prefill_backend_name = Backend.BREAKABLE
+    assert runner.can_run_graph(_batch([8192]))
+
+
+def test_the_long_prefill_rule_is_logged_at_startup(
+    h200, flashinfer_on_cpu, caplog, monkeypatch
+):
+    gdn = _gdn_with_flashinfer_captured()
+    gdn.linear_attn_backends = LinearAttnBackends(
+        decode=LinearAttnKernelBackend.TRITON,
+        prefill=LinearAttnKernelBackend.FLASHINFER,
+        verify=LinearAttnKernelBackend.TRITON,
+    )
+    monkeypatch.setattr(ours, "_warm_eager_gdn_prefill", lambda *a: None)
+    runner = _long_runner(gdn)
+    caplog.set_level(logging.INFO, logger=ours.__name__)
+    _after_capture(runner, runner.model_runner, monkeypatch)
+    (rule,) = [r.getMessage() for r in caplog.records if "routing" in r.getMessage()]
+    assert (
+        f"batches of up to 2 request(s) and at least {LONG} tokens, which "
+        "FlashInfer's context-parallel GDN prefill runs faster eager"
+    ) in rule
