@@ -19,7 +19,8 @@ random token ids (dataset random-ids, --tokenize-prompt).
 
 Workloads (WORKLOADS): short chat-like prompts (input 16-512, output 1-32) at
 several request rates up to saturation; bursts of 1, 4 and 8 prompts of fixed
-length (the first-token path a user hits); one long-prompt run (8k-16k input).
+length (the first-token path a user hits); long prompts, one at a time (8k-16k
+input, and 2k-4k).
 Per mode and workload: TTFT p50/p99, ITL p50/p99, request and output throughput,
 straight from sglang.benchmark.serving's JSONL, and how many prefill batches ran
 a CUDA graph or eager (sglang's per-batch log line); per mode: time to ready, the
@@ -79,7 +80,10 @@ WORKLOADS = {
         ("4 x 256 tokens", 256, 1, 1.0, INF, 4, 80),
         ("8 x 64 tokens", 64, 1, 1.0, INF, 8, 160),
     ],
-    "long": [("long 8k-16k", 16384, 8, 0.5, INF, 1, 8)],
+    "long": [
+        ("long 8k-16k", 16384, 8, 0.5, INF, 1, 8),
+        ("1 x 2k-4k tokens", 4096, 8, 0.5, INF, 1, 16),
+    ],
 }
 
 
