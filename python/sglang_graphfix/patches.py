@@ -52,8 +52,6 @@ PATCHES = (
     Patch(_ATTN + "hybrid_linear_attn_backend.MambaAttnBackendBase._replay_metadata", hybrid_linear_attn_backend.replay_metadata_requires_graph_state, HookType.AROUND),
     Patch(_SRT + "model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.capture", prefill_cuda_graph_runner.prepare_linear_attention_for_full_prefill_capture, HookType.AROUND),
     Patch(_SRT + "model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.capture", prefill_cuda_graph_runner.route_full_prefill_fallback, HookType.AROUND),
-    # Registered first, so count_prefill_paths (outer) counts its eager batches.
-    Patch(_SRT + "model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.can_run_graph", prefill_cuda_graph_runner.run_long_few_request_prefill_eager, HookType.AROUND),
     Patch(_SRT + "model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.can_run_graph", prefill_cuda_graph_runner.count_prefill_paths, HookType.AROUND),
     Patch(_SRT + "model_executor.model_runner_components.cuda_graph_setup.has_standard_gqa_for_all_local_layers", cuda_graph_setup.keep_full_prefill_graph_across_mamba2_layer_gaps, HookType.AROUND),
     # DSA indexer weights_proj LoRA under the breakable prefill graph.

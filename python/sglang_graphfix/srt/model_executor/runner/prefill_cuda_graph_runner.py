@@ -11,7 +11,6 @@ linear backend that cannot capture an extend from reaching the capture.
 from __future__ import annotations
 
 import logging
-from typing import NamedTuple
 
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
     HybridLinearAttnBackend,
@@ -19,9 +18,6 @@ from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
 from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
 from sglang.srt.layers.attention.linear.inkling_sconv_backend import (
     InklingShortConvAttnBackend,
-)
-from sglang.srt.layers.attention.linear.kernels.gdn_flashinfer import (
-    FlashInferGDNKernel,
 )
 from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
 from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import (
@@ -35,8 +31,6 @@ from sglang_graphfix.srt.layers.attention.linear.gdn_backend import (
     EAGER_GDN_PREFILL_DEFAULT,
 )
 from sglang_graphfix.srt.layers.attention.linear.gdn_prefill_graph import (
-    flashinfer_picks_context_parallel,
-    gdn_rank_heads,
     use_default_eager_gdn_prefill,
     warm_eager_gdn_prefill,
 )
@@ -140,24 +134,16 @@ def route_full_prefill_fallback(original, self):
             kernel = linear.linear_attn_backends.prefill.value
             eager_kernel = f"sglang's default kernels (GDN prefill: {kernel})"
             _warm_eager_gdn_prefill(linear, kernel)
-    long_prefill = long_prefill_eager_rule(self)
     logger.info(
         "Full prefill CUDA graph routing: a prefill batch replays the graph with "
         "up to %d request(s) and %d token(s) (buckets %s); others (more requests "
         "or tokens, contexts above the graph's bound, LoRA, multimodal "
-        "or speculative inputs the graph cannot take%s) run eager on %s. Raise the "
+        "or speculative inputs the graph cannot take) run eager on %s. Raise the "
         'request cap with --cuda-graph-config \'{"prefill": '
         '{"backend": "full", "full_prefill_max_req": N}}\'.',
         self._capture_req_slots,
         self.max_num_tokens,
         list(self.capture_num_tokens),
-        ""
-        if long_prefill is None
-        else (
-            f", and batches of up to {long_prefill.max_requests} request(s) and "
-            f"at least {long_prefill.min_tokens} tokens, which FlashInfer's "
-            "context-parallel GDN prefill runs faster eager"
-        ),
         eager_kernel,
     )
     PREFILL_PATHS.reset()
@@ -176,98 +162,6 @@ def _warm_eager_gdn_prefill(linear, default: str) -> None:
             type(exc).__name__,
             exc,
         )
-
-
-class LongPrefillEager(NamedTuple):
-    """Prefill batches of at most ``max_requests`` requests and at least
-    ``min_tokens`` new tokens run eager (run_long_few_request_prefill_eager)."""
-
-    max_requests: int
-    min_tokens: int
-
-
-# From 4096 new tokens up, FlashInfer's context-parallel GDN prefill of one
-# request (eager) saves more than the full graph does over breakable (H200,
-# Qwen3-Next-80B-A3B dimensions: benchmark/results/gpu/gdn_prefill_kernel_choice*).
-LONG_PREFILL_EAGER_MIN_TOKENS = 4096
-
-_LONG_PREFILL_RULE = "_graphfix_long_prefill_eager"
-
-
-def long_prefill_eager_rule(runner) -> LongPrefillEager | None:
-    """The batches a full prefill graph leaves to eager for FlashInfer's
-    context-parallel GDN prefill, or None: the graph captured FlashInfer's GDN
-    prefill (sglang's default on this GPU, not Triton), which picks its
-    context-parallel kernel from the number of sequences -- eagerly the real
-    requests, in the graph the bucket's request slots -- and on this GPU it picks
-    it for a few requests but not for the slots. Computed once per runner."""
-    if _LONG_PREFILL_RULE not in runner.__dict__:
-        runner.__dict__[_LONG_PREFILL_RULE] = _long_prefill_eager_rule(runner)
-    return runner.__dict__[_LONG_PREFILL_RULE]
-
-
-def _long_prefill_eager_rule(runner) -> LongPrefillEager | None:
-    model_runner = runner.model_runner
-    if getattr(model_runner, EAGER_GDN_PREFILL_DEFAULT, None) is not None:
-        return None  # the graph captured Triton's GDN extend
-    for linear in _linear_attention_backends(model_runner.attn_backend):
-        if not isinstance(linear, GDNAttnBackend) or not isinstance(
-            linear.kernel_dispatcher.extend_kernel, FlashInferGDNKernel
-        ):
-            return None
-        heads = max(gdn_rank_heads(linear))
-        device = linear.req_to_token_pool.mamba_pool.mamba_cache.temporal.device
-        slots = runner._capture_req_slots
-        if flashinfer_picks_context_parallel(slots, heads, device) is not False:
-            return None  # the graph's kernel is eager's, or the rule is unknown
-        few = 0
-        while few + 1 < slots and flashinfer_picks_context_parallel(
-            few + 1, heads, device
-        ):
-            few += 1
-        if few:
-            return LongPrefillEager(few, LONG_PREFILL_EAGER_MIN_TOKENS)
-    return None
-
-
-def _runs_long_prefill_eager(runner, forward_batch) -> bool:
-    rule = long_prefill_eager_rule(runner)
-    return (
-        rule is not None
-        and forward_batch.global_num_tokens_cpu is None  # not under DP attention
-        and forward_batch.batch_size <= rule.max_requests
-        and len(forward_batch.input_ids) >= rule.min_tokens
-    )
-
-
-# What:    Wraps PrefillCudaGraphRunner.can_run_graph: under a full prefill graph
-#          that captured FlashInfer's GDN prefill, a batch of as few requests as
-#          FlashInfer runs on its context-parallel kernel, with at least
-#          LONG_PREFILL_EAGER_MIN_TOKENS new tokens, runs eager.
-# Why:     FlashInfer's GDN prefill picks its context-parallel kernel by the
-#          number of sequences: eagerly the real requests (one or two on an
-#          H200 at 32 value heads), in the graph the bucket's request slots (16
-#          at sglang's default chunking), which get the plain kernel. On a long
-#          prompt the plain kernel is the slower: at Qwen3-Next-80B-A3B's
-#          dimensions an 8k-16k prompt's first token took 318 ms under the full
-#          graph against breakable's 291 ms (issue 13).
-# How:     long_prefill_eager_rule (once per runner: the GDN kernel the graph
-#          captured, flashinfer's should_use_cp_host for the slots and for few
-#          requests); such a batch gets False before sglang's own conditions,
-#          and the eager forward runs FlashInfer's own choice. Not under DP
-#          attention, whose ranks vote on the graph together.
-# Upstream: sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py::PrefillCudaGraphRunner.can_run_graph
-#          (to propose: FlashInfer's use_cp per captured batch shape)
-# Removal: once a full graph captures FlashInfer's GDN prefill per request count
-#          (or forces its context-parallel kernel on long buckets).
-def run_long_few_request_prefill_eager(original, self, forward_batch):
-    if (
-        self._is_full_backend
-        and forward_batch.forward_mode.is_extend()
-        and _runs_long_prefill_eager(self, forward_batch)
-    ):
-        return False
-    return original(self, forward_batch)
 
 
 class PrefillPathCounter:
@@ -342,12 +236,6 @@ def _eager_reason(runner, forward_batch) -> str:
         return f"more than {runner._capture_req_slots} requests"
     if num_tokens > runner.max_num_tokens:
         return f"more than {runner.max_num_tokens} tokens"
-    if _runs_long_prefill_eager(runner, forward_batch):
-        rule = long_prefill_eager_rule(runner)
-        return (
-            f"up to {rule.max_requests} request(s) and at least {rule.min_tokens} "
-            "tokens: FlashInfer's context-parallel GDN prefill"
-        )
     bucket = runner._pad_to_bucket(num_tokens, runner.capture_num_tokens)
     if bucket > num_tokens * _MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR:
         return (

@@ -374,8 +374,9 @@ def warm_eager_gdn_prefill(linear) -> None:
     snapshots: a batch of one request and one of many, each both ways. This
     rank's head layout; touches no pool slot."""
     cache = linear.req_to_token_pool.mamba_pool.mamba_cache
-    num_k_heads, num_v_heads = gdn_rank_heads(linear)
-    v_dim, k_dim = cache.temporal.shape[-2:]
+    num_v_heads, v_dim, k_dim = cache.temporal.shape[-3:]
+    conv_dim = linear.conv_states_shape[-2]  # q + k + v channels
+    num_k_heads = (conv_dim - num_v_heads * v_dim) // (2 * k_dim)
     device, dtype = cache.temporal.device, linear_prefill_activation_dtype(linear)
     few = (70,)  # one request over a 64-token chunk
     heads = max(num_k_heads, num_v_heads)  # flashinfer's parallel work per sequence
@@ -414,21 +415,10 @@ def warm_eager_gdn_prefill(linear) -> None:
             )
 
 
-def gdn_rank_heads(linear) -> tuple[int, int]:
-    """(key heads, value heads) of this rank's GDN layers, from the state pool
-    ([..., HV, V, K]) and the conv state's q + k + v channels."""
-    num_v_heads, v_dim, k_dim = (
-        linear.req_to_token_pool.mamba_pool.mamba_cache.temporal.shape[-3:]
-    )
-    conv_dim = linear.conv_states_shape[-2]
-    return (conv_dim - num_v_heads * v_dim) // (2 * k_dim), num_v_heads
-
-
-def flashinfer_picks_context_parallel(num_seqs: int, heads: int, device) -> bool | None:
-    """Whether FlashInfer's GDN prefill, left to choose (``use_cp="auto"``), runs
-    ``num_seqs`` sequences of ``heads`` heads on its context-parallel kernel on
-    this GPU (flashinfer's should_use_cp_host); None where its rule cannot be
-    asked (no CUDA device, or another flashinfer)."""
+def _plain_kernel_sequences(heads: int, device, most: int = 64) -> int:
+    """The fewest sequences (at least 4) for which FlashInfer's GDN prefill takes
+    its plain, not context-parallel, kernel on this GPU; ``most`` where its rule
+    cannot be asked or picks the plain kernel for none below it."""
     try:
         from flashinfer.gdn_kernels.delta_rule_dsl.varlen_helper import (
             should_use_cp_host,
@@ -439,25 +429,14 @@ def flashinfer_picks_context_parallel(num_seqs: int, heads: int, device) -> bool
             get_device_sm_count,
         )
 
-        return should_use_cp_host(
-            num_seqs * heads,
-            get_device_sm_count(device),
-            get_device_name(device),
-            device_capability=get_compute_capability(device),
-        )
-    except Exception:
-        return None
-
-
-def _plain_kernel_sequences(heads: int, device, most: int = 64) -> int:
-    """The fewest sequences (at least 4) for which FlashInfer's GDN prefill takes
-    its plain, not context-parallel, kernel on this GPU; ``most`` where its rule
-    cannot be asked or picks the plain kernel for none below it."""
+        sms, name = get_device_sm_count(device), get_device_name(device)
+        capability = get_compute_capability(device)
+    except Exception:  # no CUDA device, or another flashinfer
+        return most
     for num_seqs in range(4, most):
-        cp = flashinfer_picks_context_parallel(num_seqs, heads, device)
-        if cp is None:
-            return most
-        if not cp:
+        if not should_use_cp_host(
+            num_seqs * heads, sms, name, device_capability=capability
+        ):
             return num_seqs
     return most
 
