@@ -114,6 +114,10 @@ EXTRA_CASES = {
     f"{MAMBA2_STATE} (Mamba2)": ("nemotron_h_no_mlp", {"attention_backend": "flashinfer"}, {"SGLANG_MAMBA_CONV_DTYPE": "float32"}, True, "h200"),
     f"{MAMBA2_GROUPS} (Falcon-H1)": ("falcon_h1_2_groups", {"attention_backend": "flashinfer"}, {}, True, "h200"),
 }  # fmt: skip
+# The cases judged with MAMBA2_LAYER_GAPS_CAPTURED off (on as shipped): the
+# layer scan's refusal of NemotronH's MLP and Granite's Mamba2 layers exists
+# only then.
+LAYER_GAPS_OFF = {LAYER_SCAN, f"{LAYER_SCAN} (NemotronH)"}
 # The cases judged with MAMBA2_FULL_PREFILL_GRAPH on.
 MAMBA2_ON = {
     MAMBA2_MIXER,
@@ -164,6 +168,9 @@ def case_env(monkeypatch, case, case_id=None):
             m.setenv(name, value)
         m.setattr(capability, "KDA_FULL_PREFILL_GRAPH", kda_switch)
         m.setattr(capability, "MAMBA2_FULL_PREFILL_GRAPH", case_id in MAMBA2_ON)
+        m.setattr(
+            capability, "MAMBA2_LAYER_GAPS_CAPTURED", case_id not in LAYER_GAPS_OFF
+        )
         yield
 
 
@@ -462,9 +469,11 @@ def test_mamba1_mixer_is_refused_with_the_switch_on(monkeypatch):
 
 @pytest.mark.parametrize("family", ["granite_moe_hybrid", "nemotron_h"])
 def test_layer_scan_refusal_only_with_the_switch_on(model_dirs, monkeypatch, family):
-    """With the switch off the models sglang's prefill graph setup turns off are
-    refused exactly as the rest of the family, one reason, word for word; the
-    layer scan's reason appears only with the switch on (as shipped)."""
+    """With the layer-gaps switch off and the family's switch off, the models
+    sglang's prefill graph setup turns off are refused exactly as the rest of the
+    family, one reason, word for word; the layer scan's reason appears only with
+    the family's switch on (as shipped)."""
+    monkeypatch.setattr(capability, "MAMBA2_LAYER_GAPS_CAPTURED", False)
     case = (family, {}, {}, True, "h200")
     with pytest.raises(ValueError, match="captures no prefill graph for this model"):
         resolve(model_dirs, case)
@@ -495,16 +504,16 @@ def test_layer_scan_refusal_only_with_the_switch_on(model_dirs, monkeypatch, fam
 def test_layer_gaps_captured_switch(model_dirs, monkeypatch, family, gaps):
     """NemotronH's MLP layers and GraniteMoeHybrid's Mamba2 layers, which
     sglang's prefill graph setup finds no attention in: refused for the layer
-    scan with MAMBA2_LAYER_GAPS_CAPTURED off (as shipped), that reason gone with
-    it on (the scan's hook keeps the graph for them); a model without such
+    scan with MAMBA2_LAYER_GAPS_CAPTURED off, that reason gone with it on (as
+    shipped: the scan's hook keeps the graph for them); a model without such
     layers is not affected."""
     path = model_dirs[family]
     model_config = model_config_of(ServerArgs(model_path=path))
     gap = capability.layer_gap(model_config)
     assert (gap.full_graph_layers if gap else None) == gaps
     case = (family, {"dtype": "bfloat16", "attention_backend": "flashinfer"}, {}, True, "h200")  # fmt: skip
-    # The shipped value (off until the H200 checks); flip this when it goes on.
-    assert capability.MAMBA2_LAYER_GAPS_CAPTURED is False
+    # The shipped value (on since the H200 checks of 2026-12-02).
+    assert capability.MAMBA2_LAYER_GAPS_CAPTURED is True
 
     def outcome():
         try:
@@ -512,11 +521,11 @@ def test_layer_gaps_captured_switch(model_dirs, monkeypatch, family, gaps):
         except ValueError as err:
             return str(err)
 
-    shipped = outcome()
-    monkeypatch.setattr(capability, "MAMBA2_LAYER_GAPS_CAPTURED", True)
     lifted = outcome()
+    monkeypatch.setattr(capability, "MAMBA2_LAYER_GAPS_CAPTURED", False)
+    switched_off = outcome()
     scan_refusal = "captures no prefill graph for this model"
-    assert (scan_refusal in shipped) == (gaps is not None)
+    assert (scan_refusal in switched_off) == (gaps is not None)
     assert scan_refusal not in lifted
     if family != "nemotron_h":  # 8 groups: refused for that instead
         assert lifted == Backend.FULL

@@ -5,8 +5,8 @@ Fixes sglang/srt/model_executor/model_runner_components/cuda_graph_setup.py:
 capture_prefill_graph turns every prefill graph off for a model with a layer in
 which it finds no attention module (has_standard_gqa_for_all_local_layers), a
 rule the breakable and tc_piecewise graphs need (their split ops look a layer's
-module up by its id) and a full graph, by our reading (H200 check pending), does
-not.
+module up by its id) and a full graph does not (checked on an H200: NemotronH
+with MLP layers and GraniteMoeHybrid, graph equal to eager).
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ logger = logging.getLogger(__name__)
 # Why:     The scan ("Disable prefill CUDA graph because some layers do not apply
 #          Standard GQA") wants one attention module per layer because the
 #          breakable and tc_piecewise graphs' split ops look a layer's module up
-#          by its id. A full graph captures the model's forward whole and, by our
-#          reading (H200 check pending), looks none up: NemotronH's Mamba layers
+#          by its id. A full graph captures the model's forward whole and looks
+#          none up (H200: graph equal to eager, see MAMBA2_LAYER_GAPS_CAPTURED):
+#          NemotronH's Mamba layers
 #          call their split op only inside those two graphs, Granite's call the
 #          Mamba2 backend directly, MLP and MoE layers look nothing up. So every
 #          published NemotronH and Granite 4.0 hybrid prefilled eagerly under any
