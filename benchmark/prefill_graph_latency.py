@@ -17,6 +17,7 @@ Models:
     python3 benchmark/prefill_graph_latency.py --plot   # PNG from the committed JSON (CPU)
     python3 benchmark/prefill_graph_latency.py --models tiny --profile
     python3 benchmark/prefill_graph_latency.py --models qwen3-next-80b-fp8 --profile [--backends full]
+        [--shapes 2048x1,8192x1] [--radix]
 
 Writes $OUT/prefill_graph_latency.json, else benchmark/results/prefill_graph_latency.json.
 
@@ -202,25 +203,32 @@ def _specs() -> dict:
     }
 
 
-def profile_backend(model: dict, prefill: dict) -> dict:
-    """One engine: each PROFILE_SHAPES workload PROFILE_SKIP + PROFILE_COUNT times
-    in a row, the last PROFILE_COUNT forwards of each profiled in the scheduler.
+def profile_backend(
+    model: dict, prefill: dict, shapes=None, radix: bool = False
+) -> dict:
+    """One engine: each PROFILE_SHAPES workload (or ``shapes``) PROFILE_SKIP +
+    PROFILE_COUNT times in a row, the last PROFILE_COUNT forwards of each profiled
+    in the scheduler. ``radix``: the radix cache on (as served: the prefix cache
+    tracks linear-attention states), every repeat a new prompt so none hits it.
     Returns {"LxB": the plugin's summary}."""
     from engine_utils import run_engine
     from graphfix_bench_timer import read_profiles
     from models import prompts
 
     work = Path(tempfile.mkdtemp(prefix="graphfix-profile"))
-    shapes = model.get("shapes", PROFILE_SHAPES)
+    shapes = shapes or model.get("shapes", PROFILE_SHAPES)
     batches = []
     for length, bs in shapes:
-        batch = {
-            "input_ids": prompts(length * 10 + bs, [length] * bs),
-            "max_new_tokens": 1,
-        }
-        batches += [batch] * (PROFILE_SKIP + PROFILE_COUNT)
+        for repeat in range(PROFILE_SKIP + PROFILE_COUNT):
+            seed = length * 10 + bs + (1000 * repeat if radix else 0)
+            batches.append(
+                {"input_ids": prompts(seed, [length] * bs), "max_new_tokens": 1}
+            )
+    kwargs = _engine_kwargs(model, prefill)
+    if radix:
+        kwargs["disable_radix_cache"] = False
     run_engine(
-        _engine_kwargs(model, prefill),
+        kwargs,
         batches,
         env={
             "GRAPHFIX_BENCH_TIMER": work / "forwards.txt",
@@ -245,14 +253,21 @@ def profile_backend(model: dict, prefill: dict) -> dict:
     return report
 
 
-def profile(models: list, backends=PROFILE_BACKENDS) -> None:
+def profile(
+    models: list, backends=PROFILE_BACKENDS, shapes=None, radix: bool = False
+) -> None:
     out = Path(os.environ.get("OUT") or ROOT / "benchmark" / "results")
     out.mkdir(parents=True, exist_ok=True)
     report = {
         "provenance": provenance(),
         "workload": (
-            f"L tokens x B prompts (LxB), max_new_tokens=1, radix cache off; each shape "
-            f"{PROFILE_SKIP + PROFILE_COUNT} times in a row, the last {PROFILE_COUNT} "
+            "L tokens x B prompts (LxB), max_new_tokens=1, "
+            + (
+                "radix cache on (a new prompt each repeat); "
+                if radix
+                else "radix cache off; "
+            )
+            + f"each shape {PROFILE_SKIP + PROFILE_COUNT} times in a row, the last {PROFILE_COUNT} "
             "forwards profiled (torch.profiler CPU + CUDA, one session per forward); "
             "per-forward averages; markers_ms are inclusive host time and nest"
         ),
@@ -263,7 +278,7 @@ def profile(models: list, backends=PROFILE_BACKENDS) -> None:
         spec = specs[name]()
         entry = report["models"][name] = {}
         for backend in backends:  # written after each backend
-            entry[backend] = profile_backend(spec, PREFILL[backend])
+            entry[backend] = profile_backend(spec, PREFILL[backend], shapes, radix)
             (out / PROFILE).write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
     for name, entry in report["models"].items():
@@ -350,7 +365,23 @@ def main() -> None:
         default=",".join(PROFILE_BACKENDS),
         help="with --profile: which prefill backends, in order (one engine each)",
     )
+    parser.add_argument(
+        "--shapes",
+        default=None,
+        help="with --profile: LxB,... (prompt tokens x prompts) instead of the "
+        "model's shapes, e.g. 2048x1,4096x1,8192x1",
+    )
+    parser.add_argument(
+        "--radix",
+        action="store_true",
+        help="with --profile: radix cache on, as served (a new prompt each repeat)",
+    )
     args = parser.parse_args()
+    if (args.shapes or args.radix) and not args.profile:
+        parser.error("--shapes and --radix need --profile")
+    shapes = args.shapes and [
+        tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(",")
+    ]
     unknown = set(args.backends.split(",")) - set(PREFILL)
     if unknown or (
         args.backends != parser.get_default("backends") and not args.profile
@@ -359,7 +390,7 @@ def main() -> None:
     if args.plot:
         plot()
     elif args.profile:
-        profile(args.models.split(","), args.backends.split(","))
+        profile(args.models.split(","), args.backends.split(","), shapes, args.radix)
     else:
         run(args.models.split(","), args.quick)
 

@@ -502,7 +502,8 @@ def mamba2() -> list:
     """The captured Mamba2 extend on the H200: kernel level (results/gpu/mamba2/)
     and the tiny engines, graph vs eager with a wrong-state control per case
     (results/gpu/mamba2_2026-12-01b/; the first engine run, whose Falcon-H1
-    control was too weak: results/gpu/mamba2/)."""
+    control was too weak: results/gpu/mamba2/), and the models with layers
+    without attention (results/gpu/mamba2_2026-12-02/)."""
     folder = "gpu/mamba2_2026-12-01b/"
     rows = [
         "",
@@ -520,8 +521,16 @@ def mamba2() -> list:
         "nemotron_h_no_buffer": 'tiny NemotronH "M*M" (bf16), no buffer',
         "falcon_h1_extra_buffer": "tiny Falcon-H1 (bf16, gated RMSNorm), extra buffer",
     }
+    gaps = "gpu/mamba2_2026-12-02/"  # layers without attention, switch on
+    names = {(folder, case): label for case, label in names.items()}
+    names[(gaps, "nemotron_h_mlp_extra_buffer")] = (
+        'tiny NemotronH "M-M*-" (bf16, MLP-only layers), extra buffer'
+    )
+    names[(gaps, "granite_moe_hybrid_extra_buffer")] = (
+        "tiny GraniteMoeHybrid (bf16), extra buffer"
+    )
     reports = []
-    for case, label in names.items():
+    for (folder, case), label in names.items():
         report = _load(f"{folder}mamba2_full_prefill_vs_eager_{case}.json")
         bad = _load(f"{folder}mamba2_full_prefill_wrong_state_{case}.json")["batches"]
         diff, mismatches, steps = _steps(report["batches"])
@@ -535,22 +544,50 @@ def mamba2() -> list:
         rows.append(
             f"| {label}, graph vs eager, {len(report['batches'])} batches "
             f"({sum(report['graph_replays'])} replays) | greedy logprobs within "
-            f"{diff:.4f} over {steps} steps, {mismatches} mismatches, {ties} "
+            f"{diff:{'.4f' if diff >= 1e-3 else '.1e'}} over {steps} steps, {mismatches} mismatches, {ties} "
             f"near-tie splits; first-token top-{report['first_token_topk'][0]['k']} "
             f"within {top:.4f}; wrong-state control diverges on "
             f"{sum(map(_diverged, replayed))} of {len(replayed)} replayed batches "
             f"({bad_ties} of them only at a near tie) |"
         )
         reports.append(report)
-    return (
-        rows
-        + [
-            "| GraniteMoeHybrid | sglang 0.5.23 runs no prefill graph for it "
-            "(refused with that reason) |",
-            "",
-        ]
-        + [provenance_line(report) for report in reports]
+    return rows + [""] + [provenance_line(report) for report in reports]
+
+
+def gdn_prefill_kernel_choice() -> list:
+    """benchmark/gdn_prefill_kernel_choice.py: FlashInfer's GDN prefill, one
+    layer at Qwen3-Next-80B-A3B's dimensions, eager vs in a CUDA graph
+    (results/gpu/gdn_prefill_kernel_choice_2026-12-02/)."""
+    report = _load(
+        "gpu/gdn_prefill_kernel_choice_2026-12-02/gdn_prefill_kernel_choice.json"
     )
+    slots = report["slots"]
+    rows = [
+        "",
+        "FlashInfer GDN prefill kernel choice, one layer at Qwen3-Next-80B-A3B's "
+        f"dimensions (H200; ms per call, CUDA events; eager: FlashInfer's own "
+        f"choice on the real rows, host work included; graph on {slots} slots: "
+        "plain kernel, or context-parallel forced; graph on the real rows: "
+        "FlashInfer's own choice):",
+        "",
+        "| layout | eager | graph, slots, plain | graph, slots, CP | graph, real rows |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for layout, case in report["cases"].items():
+        cells = [case.get(k, {}).get("ms") for k in ("eager", "graph_plain", "graph_cp", "graph_real")]  # fmt: skip
+        rows.append(
+            f"| {layout} | "
+            + " | ".join("-" if v is None else f"{v:.3f}" for v in cells)
+            + " |"
+        )
+    cp = [int(n) for n, on in report["cp_auto_by_rows"].items() if on]
+    rows += [
+        "",
+        f"FlashInfer picks its context-parallel kernel for {cp} sequence(s) here.",
+        "",
+        provenance_line(report),
+    ]
+    return rows
 
 
 def served_profile() -> list:
@@ -695,6 +732,7 @@ SERVING_SAME_SESSION = (
     "gpu/serving_2026-12-01b/full/serving_prefill_graph.json",
 )
 SERVING_CAPPED = "gpu/serving_2026-12-02/full_capped/serving_prefill_graph.json"
+SERVING_LONG = "gpu/serving_2026-12-02b/full_breakable_long/serving_prefill_graph.json"
 SERVING_LATEST = (
     "gpu/serving_2026-12-02/full_breakable/serving_prefill_graph.json",
     SERVING_CAPPED,
@@ -713,6 +751,12 @@ def render() -> str:
         + mamba2()
         + served_profile()
         + masked_state_copy()
+        + gdn_prefill_kernel_choice()
+        + serving(
+            (SERVING_LONG,),
+            "Long single prompts and bursts, full vs breakable, one session "
+            "(2026-12-02, second block). ",
+        )
         + serving(
             SERVING_LATEST,
             "As shipped (FlashInfer's GDN prefill captured, padding request slots "
