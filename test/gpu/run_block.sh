@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU block on a bare H200, run in the background (setsid nohup) from the
-# repository root after the offline bundle is assembled and this package is
-# installed into /tmp/sglang-site: the named GPU test modules (the first alone,
+# repository root after `. test/gpu/device_setup.sh` (the offline bundle
+# assembled, this package installed into /tmp/sglang-site; stop it with
+# test/gpu/stop_block.sh): the named GPU test modules (the first alone,
 # the rest side by side), then benchmark/serving_prefill_graph.py once per
 # further argument (its flags; one after another, alone on the GPU). Everything
 # lands under $RES (default /tmp/res; serving runs in RES/serving, RES/serving_2,
