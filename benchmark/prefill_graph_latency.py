@@ -220,7 +220,8 @@ def profile_backend(
     batches = []
     for length, bs in shapes:
         for repeat in range(PROFILE_SKIP + PROFILE_COUNT):
-            seed = length * 10 + bs + (1000 * repeat if radix else 0)
+            # radix: a prompt no other shape or repeat draws (bs < 100 here)
+            seed = length * 100_000 + bs * 1000 + repeat if radix else length * 10 + bs
             batches.append(
                 {"input_ids": prompts(seed, [length] * bs), "max_new_tokens": 1}
             )
@@ -379,9 +380,14 @@ def main() -> None:
     args = parser.parse_args()
     if (args.shapes or args.radix) and not args.profile:
         parser.error("--shapes and --radix need --profile")
-    shapes = args.shapes and [
-        tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(",")
-    ]
+    try:
+        shapes = args.shapes and [
+            tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(",")
+        ]
+    except ValueError:
+        parser.error(f"--shapes takes LxB,... (e.g. 4096x1,256x8), not {args.shapes!r}")
+    if shapes and any(len(s) != 2 or s[1] >= 100 for s in shapes):
+        parser.error(f"--shapes takes LxB,... with B < 100, not {args.shapes!r}")
     unknown = set(args.backends.split(",")) - set(PREFILL)
     if unknown or (
         args.backends != parser.get_default("backends") and not args.profile

@@ -7,7 +7,7 @@
 #     setsid nohup bash test/gpu/run_block.sh ... >/tmp/block.log 2>&1 </dev/null &
 # GRAPHFIX_COMMIT: the commit as `git rev-parse --short HEAD` gives it on the
 # development machine (the device's .git may be stale; provenance records both).
-eval "$(bash /tmp/gpu-bundle/00/assemble.sh)" >/tmp/assemble.log 2>&1
+eval "$(bash /tmp/gpu-bundle/00/assemble.sh 2>/tmp/assemble.log)"
 export PYTHONPATH=/tmp/sglang-site/nvidia_cutlass_dsl/dsl_packages:/tmp/sglang-site
 python3 -m pip install -q --upgrade --no-deps --no-build-isolation --target /tmp/sglang-site . \
   >/tmp/install.log 2>&1

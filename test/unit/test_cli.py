@@ -453,28 +453,40 @@ def test_the_captured_gdn_prefill_kernel_is_named(capsys, plugin_on, flags, kern
 def test_nemotron_h_with_mlp_layers_and_the_layer_gaps_switch(
     capsys, plugin_on, monkeypatch, tmp_path, gaps_captured
 ):
-    """NemotronH with MLP and MoE layers (one group, bfloat16, flashinfer): upstream
-    runs every prefill eagerly (its prefill graph setup finds no attention module
-    in those layers); sglang-graphfix refuses the explicit full graph naming the
+    """NemotronH with MLP layers (one group, bfloat16, flashinfer): upstream runs
+    every prefill eagerly (its prefill graph setup finds no attention module in
+    those layers); sglang-graphfix refuses the explicit full graph naming the
     layer scan with MAMBA2_LAYER_GAPS_CAPTURED off, and with it on (as shipped)
-    runs the full graph (the scan's hook keeps it)."""
+    runs the full graph (the scan's hook keeps it). With a MoE layer too, not
+    checked on a GPU: refused either way, naming the layers it keeps."""
     import torch
     from tiny_configs import _nemotron_h
 
     from sglang_graphfix.srt import full_prefill_graph_capability as capability
 
-    config = _nemotron_h(hybrid_override_pattern="M-M*E", mamba_n_groups=1)
-    config.architectures = ["NemotronHForCausalLM"]
-    config.dtype = torch.bfloat16
-    config.save_pretrained(tmp_path)
+    def explained(pattern):
+        path = tmp_path / pattern
+        config = _nemotron_h(hybrid_override_pattern=pattern, mamba_n_groups=1)
+        config.architectures = ["NemotronHForCausalLM"]
+        config.dtype = torch.bfloat16
+        config.save_pretrained(path)
+        return explain(
+            capsys, "--model-path", str(path), "--cuda-graph-backend-prefill",
+            "full", "--attention-backend", "flashinfer",
+        )  # fmt: skip
+
     monkeypatch.setattr(capability, "MAMBA2_LAYER_GAPS_CAPTURED", gaps_captured)
-    status, out = explain(
-        capsys, "--model-path", str(tmp_path), "--cuda-graph-backend-prefill", "full",
-        "--attention-backend", "flashinfer",
-    )  # fmt: skip
+    status, out = explained("M-M*E")
     result = outcomes(out)
     assert result[UPSTREAM].startswith("runs: every prefill eager")
     assert "NemotronH's MLP ('-') and MoE ('E') layers" in result[UPSTREAM]
+    assert status == 1 and "captures no prefill graph" in result[GRAPHFIX]
+    covered = "keeps a full prefill graph across NemotronH's MLP layers"
+    assert (covered in " ".join(result[GRAPHFIX].split())) == gaps_captured
+    status, out = explained("M-M*-")
+    result = outcomes(out)
+    assert result[UPSTREAM].startswith("runs: every prefill eager")
+    assert "NemotronH's MLP ('-') layers" in result[UPSTREAM]
     if gaps_captured:
         assert status == 0
         assert result[GRAPHFIX].startswith(

@@ -24,8 +24,9 @@ logger = logging.getLogger(__name__)
 
 # What:    Wraps has_standard_gqa_for_all_local_layers, capture_prefill_graph's
 #          layer scan: under a full prefill graph, a Mamba2 hybrid's layers that
-#          hold no attention module (NemotronH's MLP and MoE layers,
-#          GraniteMoeHybrid's Mamba2 layers) no longer turn the graph off.
+#          hold no attention module (NemotronH's MLP layers, GraniteMoeHybrid's
+#          Mamba2 layers; not yet NemotronH's MoE layers) no longer turn the
+#          graph off.
 # Why:     The scan ("Disable prefill CUDA graph because some layers do not apply
 #          Standard GQA") wants one attention module per layer because the
 #          breakable and tc_piecewise graphs' split ops look a layer's module up
