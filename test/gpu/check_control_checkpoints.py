@@ -20,6 +20,7 @@ sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]
 CHECKPOINTS = {
     "nemotron_h": lambda m, p: m.tiny_nemotron_h(p),
     "nemotron_h_mlp": lambda m, p: m.tiny_nemotron_h(p, "M-M*-"),
+    "nemotron_h_moe": lambda m, p: m.tiny_nemotron_h(p, "M-M*E"),
     "falcon_h1": lambda m, p: m.tiny_falcon_h1(p),
     "granite": lambda m, p: m.tiny_granite_moe_hybrid(p),
 }

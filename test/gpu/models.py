@@ -173,6 +173,17 @@ def qwen3_next_1024(path: Path) -> str:
 NEMOTRON_H_PATTERN = "M*M"
 
 
+# The MoE layers of tiny NemotronH checkpoints with 'E' in their pattern: small
+# experts (NemotronH's defaults are 7688 wide), the rest of NemotronH's MoE
+# defaults (sigmoid routing, one group).
+NEMOTRON_H_MOE = dict(
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=256,
+    moe_shared_expert_intermediate_size=256,
+)
+
+
 def tiny_nemotron_h(path: Path, pattern: str = NEMOTRON_H_PATTERN) -> str:
     """NemotronH "M*M": Mamba2, attention, Mamba2 (``pattern`` for another). No MLP
     ('-') or MoE ('E') layer by default: sglang's prefill graph setup finds no
@@ -191,10 +202,12 @@ def tiny_nemotron_h(path: Path, pattern: str = NEMOTRON_H_PATTERN) -> str:
     from tiny_configs import _nemotron_h
     from transformers import AutoModelForCausalLM
 
-    config = _nemotron_h(hybrid_override_pattern=pattern, mamba_n_groups=1)
+    moe = NEMOTRON_H_MOE if "E" in pattern else {}
+    config = _nemotron_h(hybrid_override_pattern=pattern, mamba_n_groups=1, **moe)
     config.architectures = ["NemotronHForCausalLM"]
     config.dtype = torch.bfloat16
     hf = transformers.NemotronHConfig(
+        **moe,
         vocab_size=config.vocab_size,
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,

@@ -4,9 +4,10 @@ random NemotronH ("M*M": Mamba2, attention, Mamba2) and Falcon-H1 (attention
 and Mamba2 in parallel in every layer) with the mamba radix cache's extra buffer
 (sglang's default here: overlap scheduling on, Triton linear-attention kernels),
 NemotronH also without it (no_buffer, which sglang pairs with the overlap
-schedule off); NemotronH "M-M*-" (MLP layers) and GraniteMoeHybrid (Mamba2
-layers without attention), for which sglang 0.5.23 captures no prefill graph,
-with MAMBA2_LAYER_GAPS_CAPTURED on (CASES). docs/mamba2_full_prefill_graph.md,
+schedule off); NemotronH "M-M*-" (MLP layers), "M-M*E" (MLP and MoE layers)
+and GraniteMoeHybrid (Mamba2 layers without attention), for which sglang 0.5.23
+captures no prefill graph, with MAMBA2_LAYER_GAPS_CAPTURED (and, for the MoE
+layers, NEMOTRON_H_MOE_LAYERS_CAPTURED) on (CASES). docs/mamba2_full_prefill_graph.md,
 "What the GPU session must do", step 2, and what the first H200 run showed.
 
 The captured Mamba2 extend ships switched on (MAMBA2_FULL_PREFILL_GRAPH in
@@ -34,15 +35,17 @@ the decode steps: the Mamba2 branch must carry real weight there
 (tiny_falcon_h1's gated RMSNorm; on CPU, zeroing the Mamba2 states after the
 prefill splits greedy decoding of every prompt length of BATCHES for both
 checkpoints, logprobs moving 0.06-0.24 before the split, bf16 vs fp32 <= 0.007;
-for nemotron_h_mlp and granite_moe_hybrid, `python3
+for nemotron_h_mlp, nemotron_h_moe and granite_moe_hybrid, `python3
 test/gpu/check_control_checkpoints.py`: zeroed states split greedy decoding at
 the first decode step for prompts of 7, 64 and 255 tokens).
 
-Three engines (eager, graph, faulted graph) per case, 15 in all: under a
-per-command time limit, run one model at a time (`-k "nemotron_h and not mlp"`,
-`-k nemotron_h_mlp`, `-k falcon_h1`, `-k granite`).
+Three engines (eager, graph, faulted graph) per case, 18 in all: under a
+per-command time limit, run one model at a time (`-k "nemotron_h and not mlp
+and not moe"`, `-k nemotron_h_mlp`, `-k nemotron_h_moe`, `-k falcon_h1`,
+`-k granite`).
 
-Checked on CPU: the checkpoints load into sglang's own model classes with
+Checked on CPU (nemotron_h_moe: only its weight names, against sglang's
+NemotronH expert mapping): the checkpoints load into sglang's own model classes with
 every parameter set (Falcon-H1's q_norm / k_norm excepted: sglang's FalconH1
 defines them and never applies them), sglang's ModelConfig serves each in
 bfloat16, and the graph engines' arguments resolve with the switch on, as on an
@@ -81,6 +84,8 @@ MODELS = {
     # MLP layers, in which sglang's prefill graph setup finds no attention
     # (MAMBA2_LAYER_GAPS_CAPTURED; published NemotronH checkpoints have them).
     "nemotron_h_mlp": lambda path: tiny_nemotron_h(path, "M-M*-"),
+    # MLP and MoE layers (NEMOTRON_H_MOE_LAYERS_CAPTURED for the MoE ones).
+    "nemotron_h_moe": lambda path: tiny_nemotron_h(path, "M-M*E"),
     "falcon_h1": tiny_falcon_h1,
     "granite_moe_hybrid": tiny_granite_moe_hybrid,
 }
@@ -98,6 +103,7 @@ STRATEGIES = {
 SWITCH = {
     "GRAPHFIX_PROBE_MAMBA2_FULL_PREFILL_GRAPH": "1",
     "GRAPHFIX_PROBE_MAMBA2_LAYER_GAPS_CAPTURED": "1",
+    "GRAPHFIX_PROBE_NEMOTRON_H_MOE_LAYERS_CAPTURED": "1",
 }
 FULL = {"backend": "full", "bs": [16, 32, 64, 128, 256], "full_prefill_max_req": 4}
 
@@ -108,11 +114,17 @@ def mamba2_switch_in_this_process():
     docstring), restored after the module."""
     from sglang_graphfix.srt import full_prefill_graph_capability as capability
 
-    saved = capability.MAMBA2_FULL_PREFILL_GRAPH, capability.MAMBA2_LAYER_GAPS_CAPTURED
-    capability.MAMBA2_FULL_PREFILL_GRAPH = True
-    capability.MAMBA2_LAYER_GAPS_CAPTURED = True
+    names = (
+        "MAMBA2_FULL_PREFILL_GRAPH",
+        "MAMBA2_LAYER_GAPS_CAPTURED",
+        "NEMOTRON_H_MOE_LAYERS_CAPTURED",
+    )
+    saved = {name: getattr(capability, name) for name in names}
+    for name in names:
+        setattr(capability, name, True)
     yield
-    capability.MAMBA2_FULL_PREFILL_GRAPH, capability.MAMBA2_LAYER_GAPS_CAPTURED = saved
+    for name, value in saved.items():
+        setattr(capability, name, value)
 
 
 # (model, strategy): extra_buffer (sglang's default here) for every model,
@@ -126,6 +138,7 @@ CASES = [
     pytest.param(("nemotron_h", "no_buffer"), id="nemotron_h-no_buffer"),
     pytest.param(("falcon_h1", "extra_buffer"), id="falcon_h1-extra_buffer"),
     pytest.param(("nemotron_h_mlp", "extra_buffer"), id="nemotron_h_mlp-extra_buffer"),
+    pytest.param(("nemotron_h_moe", "extra_buffer"), id="nemotron_h_moe-extra_buffer"),
     pytest.param(
         ("granite_moe_hybrid", "extra_buffer"), id="granite_moe_hybrid-extra_buffer"
     ),

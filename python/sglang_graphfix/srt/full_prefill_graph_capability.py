@@ -101,6 +101,10 @@ MAMBA2_FULL_PREFILL_GRAPH = True
 # layers are not covered yet (layer_gap). False refuses those models
 # again, as before. Pure Mamba2 (no attention at all) stays refused either way.
 MAMBA2_LAYER_GAPS_CAPTURED = True
+# NemotronH's MoE ('E') layers under the same hook: off until an H200 runs the
+# GPU case (test/gpu/test_mamba2_full_prefill_graph.py's nemotron_h_moe); while
+# off, NemotronH with MoE layers is refused for the layer scan, as before.
+NEMOTRON_H_MOE_LAYERS_CAPTURED = False
 # What the H200 runs above covered: bfloat16 weights, one group (every case, the
 # kernel level included), float32 SSM and bfloat16 conv states (sglang's
 # defaults, mamba2_state_dtype), flashinfer attention.
@@ -366,11 +370,11 @@ def layer_gap(model_config) -> LayerGap | None:
         names = {"mlp": "MLP ('-')", "moe": "MoE ('E')"}
         return LayerGap(
             f"NemotronH's {' and '.join(names[k] for k in kinds)} layers",
-            # MoE layers: not run under a full prefill graph on a GPU yet (the
-            # H200 check had MLP layers), so the scan's verdict stands for them.
+            # MoE layers: only with NEMOTRON_H_MOE_LAYERS_CAPTURED (the H200
+            # check had MLP layers); else the scan's verdict stands for them.
             None
-            if "moe" in kinds
-            else sum(kind == "mlp" for kind in config.layers_block_type),
+            if "moe" in kinds and not NEMOTRON_H_MOE_LAYERS_CAPTURED
+            else sum(kind in kinds for kind in config.layers_block_type),
         )
     if isinstance(config, GraniteMoeHybridConfig):  # has Mamba layers, or not Mamba2
         mamba = sum(kind == "mamba" for kind in config.layer_types)

@@ -29,8 +29,9 @@ snapshot copies from; a request stays consistent with itself across its
 chunks, so the wrong state shows in its decode, which reads the request's own,
 never-written slot).
 GRAPHFIX_PROBE_FLASHINFER_GDN_CAPTURE_SM=<sm>,
-GRAPHFIX_PROBE_MAMBA2_FULL_PREFILL_GRAPH=1 and
-GRAPHFIX_PROBE_MAMBA2_LAYER_GAPS_CAPTURED=1 set those switches of
+GRAPHFIX_PROBE_MAMBA2_FULL_PREFILL_GRAPH=1,
+GRAPHFIX_PROBE_MAMBA2_LAYER_GAPS_CAPTURED=1 and
+GRAPHFIX_PROBE_NEMOTRON_H_MOE_LAYERS_CAPTURED=1 set those switches of
 full_prefill_graph_capability in every process that loads the plugins (set them
 before the test process's first engine, whose resolution judges Mamba2 too; a
 test that needs the switch in its own process whatever ran before sets the
@@ -65,6 +66,8 @@ def register():
         capability.MAMBA2_FULL_PREFILL_GRAPH = True
     if os.environ.get("GRAPHFIX_PROBE_MAMBA2_LAYER_GAPS_CAPTURED"):
         capability.MAMBA2_LAYER_GAPS_CAPTURED = True
+    if os.environ.get("GRAPHFIX_PROBE_NEMOTRON_H_MOE_LAYERS_CAPTURED"):
+        capability.NEMOTRON_H_MOE_LAYERS_CAPTURED = True
 
     from sglang.srt.layers.attention.dsa.dsa_indexer import Indexer
     from sglang_graphfix.srt.layers.attention import (

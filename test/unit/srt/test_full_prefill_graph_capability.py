@@ -532,6 +532,29 @@ def test_layer_gaps_captured_switch(model_dirs, monkeypatch, family, gaps):
         assert lifted == Backend.FULL
 
 
+def test_nemotron_h_moe_layers_with_their_switch(model_dirs, monkeypatch):
+    """NemotronH's MoE layers: refused for the layer scan as shipped
+    (NEMOTRON_H_MOE_LAYERS_CAPTURED off, no GPU case run yet); with that switch
+    on, counted beside the MLP layers and the scan's refusal gone."""
+    assert capability.NEMOTRON_H_MOE_LAYERS_CAPTURED is False
+    model_config = model_config_of(
+        ServerArgs(model_path=model_dirs["nemotron_h_mlp_moe"])
+    )
+    case = ("nemotron_h_mlp_moe", {"dtype": "bfloat16", "attention_backend": "flashinfer"}, {}, True, "h200")  # fmt: skip
+
+    def outcome():
+        try:
+            return prefill_backend(resolve(model_dirs, case))
+        except ValueError as err:
+            return str(err)
+
+    assert capability.layer_gap(model_config).full_graph_layers is None
+    assert "captures no prefill graph for this model" in outcome()
+    monkeypatch.setattr(capability, "NEMOTRON_H_MOE_LAYERS_CAPTURED", True)
+    assert capability.layer_gap(model_config).full_graph_layers == 2
+    assert outcome() == Backend.FULL
+
+
 def test_pure_mamba2_stays_refused_with_layer_gaps_captured(monkeypatch):
     """Every layer of a pure Mamba2 model lacks attention: the scan's hook does
     not cover it (nor would the hybrid backend's capture), switch on or off."""
