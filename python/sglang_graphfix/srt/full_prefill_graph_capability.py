@@ -352,8 +352,9 @@ class LayerGap(NamedTuple):
 
     layers: str  # which, as a phrase
     # How many, where a full prefill graph runs them like any other layer
-    # (NemotronH's MLP layers, GraniteMoeHybrid's Mamba2 layers); None for the
-    # gaps the hook does not cover (NemotronH with MoE layers, pure Mamba2).
+    # (NemotronH's MLP layers, GraniteMoeHybrid's Mamba2 layers, with
+    # MAMBA2_LAYER_GAPS_CAPTURED on); None for the gaps the hook does not cover
+    # (those with the switch off, NemotronH with MoE layers, pure Mamba2).
     full_graph_layers: int | None
 
 
@@ -374,11 +375,11 @@ def layer_gap(model_config) -> LayerGap | None:
             # check had MLP layers); else the scan's verdict stands for them.
             None
             if "moe" in kinds and not NEMOTRON_H_MOE_LAYERS_CAPTURED
-            else sum(kind in kinds for kind in config.layers_block_type),
+            else _kept(sum(kind in kinds for kind in config.layers_block_type)),
         )
     if isinstance(config, GraniteMoeHybridConfig):  # has Mamba layers, or not Mamba2
         mamba = sum(kind == "mamba" for kind in config.layer_types)
-        return LayerGap("GraniteMoeHybrid's Mamba2 layers", mamba or None)
+        return LayerGap("GraniteMoeHybrid's Mamba2 layers", _kept(mamba) or None)
     if isinstance(config, Mamba2Config):
         return LayerGap("any layer of a pure Mamba2 model", None)
     return None
@@ -388,6 +389,12 @@ def prefill_graph_layer_gap(model_config) -> str | None:
     """layer_gap's phrase; None when every layer has an attention module."""
     gap = layer_gap(model_config)
     return gap.layers if gap else None
+
+
+def _kept(layers: int) -> int | None:
+    """``layers`` where the scan's hook keeps a full graph across such a gap
+    (MAMBA2_LAYER_GAPS_CAPTURED), else None."""
+    return layers if MAMBA2_LAYER_GAPS_CAPTURED else None
 
 
 def prefill_graph_turned_off(
@@ -401,12 +408,7 @@ def prefill_graph_turned_off(
     gap = layer_gap(model_config)
     if gap is None or backend not in ("full", "breakable"):
         return None
-    if (
-        with_graphfix
-        and backend == "full"
-        and MAMBA2_LAYER_GAPS_CAPTURED
-        and gap.full_graph_layers
-    ):
+    if with_graphfix and backend == "full" and gap.full_graph_layers:
         return None
     config = mamba2_config(model_config)
     if (
@@ -465,7 +467,7 @@ MAMBA2_CONDITIONS = (
         violated=lambda s: (
             _mamba2_extend_captured(s)
             and s.layer_gap is not None
-            and not (MAMBA2_LAYER_GAPS_CAPTURED and s.layer_gap_layers)
+            and not s.layer_gap_layers
         ),
         reason=lambda s: (
             _LAYER_SCAN_OFF.format(layers=s.layer_gap)

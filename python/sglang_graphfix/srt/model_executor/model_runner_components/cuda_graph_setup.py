@@ -37,10 +37,10 @@ logger = logging.getLogger(__name__)
 #          Mamba2 backend directly, MLP and MoE layers look nothing up. So every
 #          published NemotronH and Granite 4.0 hybrid prefilled eagerly under any
 #          prefill graph (issue 16).
-# How:     Where upstream says no, say yes when the prefill graph is full,
-#          MAMBA2_LAYER_GAPS_CAPTURED is on, the scan covers the whole model (no
-#          pipeline split) and the layers it found no attention in are exactly
-#          those layer_gap counts for the served model (the
+# How:     Where upstream says no, say yes when the prefill graph is full, the
+#          scan covers the whole model (no pipeline split) and the layers it found
+#          no attention in are exactly those layer_gap counts for the served
+#          model (it counts none with MAMBA2_LAYER_GAPS_CAPTURED off; the
 #          capability model's verdict on the same facts let the full graph
 #          through resolution). Otherwise upstream's no, with a warning where the
 #          served model has such layers under a full graph (a pipeline split, or
@@ -59,14 +59,11 @@ def keep_full_prefill_graph_across_mamba2_layer_gaps(
         end_layer=end_layer,
     ):
         return True
-    if (
-        not capability.MAMBA2_LAYER_GAPS_CAPTURED
-        or get_exec().graph.cuda_graph_config.prefill.backend != Backend.FULL
-    ):
+    if get_exec().graph.cuda_graph_config.prefill.backend != Backend.FULL:
         return False
     model_config = model_config_of(get_context().server_args)
     gap = capability.layer_gap(model_config)
-    if gap is None or not gap.full_graph_layers:
+    if gap is None or not gap.full_graph_layers:  # not a gap it covers, or switched off
         return False
     layers, gaps = gap
     whole_model = start_layer == 0 and end_layer == model_config.num_hidden_layers
