@@ -141,7 +141,7 @@ class Settings:
     speculative: bool = False  # --speculative-algorithm set
     two_batch_overlap: bool = False  # --enable-two-batch-overlap
     # The layers sglang's prefill-graph setup finds no attention module in (a
-    # phrase, prefill_graph_layer_gap); None: none, or not known here.
+    # phrase, LayerGap.layers); None: none, or not known here.
     layer_gap: str | None = None
     # How many layers that gap is, where a full graph runs them
     # (LayerGap.full_graph_layers); None: not such a gap.
@@ -383,12 +383,6 @@ def layer_gap(model_config) -> LayerGap | None:
     if isinstance(config, Mamba2Config):
         return LayerGap("any layer of a pure Mamba2 model", None)
     return None
-
-
-def prefill_graph_layer_gap(model_config) -> str | None:
-    """layer_gap's phrase; None when every layer has an attention module."""
-    gap = layer_gap(model_config)
-    return gap.layers if gap else None
 
 
 def _kept(layers: int) -> int | None:

@@ -567,15 +567,16 @@ def test_pure_mamba2_stays_refused_with_layer_gaps_captured(monkeypatch):
 
 
 def test_layer_gap_names_the_layers_sglangs_scan_misses(model_dirs):
-    """prefill_graph_layer_gap on the tiny configs: what sglang's
+    """layer_gap's phrase on the tiny configs: what sglang's
     compute_attention_and_moe_layers finds no attention module in (checked on
     sglang's own model classes, docs/mamba2_full_prefill_graph.md)."""
-    gap = {
-        family: capability.prefill_graph_layer_gap(
+    gaps = {
+        family: capability.layer_gap(
             model_config_of(ServerArgs(model_path=model_dirs[family]))
         )
         for family in ("nemotron_h", "nemotron_h_no_mlp", "falcon_h1", "granite_moe_hybrid", "qwen3_next")
     }  # fmt: skip
+    gap = {family: g.layers if g else None for family, g in gaps.items()}
     assert gap == {
         "nemotron_h": "NemotronH's MLP ('-') layers",
         "nemotron_h_no_mlp": None,

@@ -1,6 +1,6 @@
 """sglang's prefill graph setup (capture_prefill_graph) turns the prefill graph
 off for a model with a layer it finds no attention module in; the capability
-model predicts that from the config (prefill_graph_layer_gap) to refuse the
+model predicts that from the config (layer_gap) to refuse the
 full graph with the Mamba2 switch on, and explain shows upstream running those
 prefills eagerly. Here the prediction meets sglang's own scan on sglang's own
 model classes (scan_prefill_graph_layers.py, in a subprocess: it builds a gloo
