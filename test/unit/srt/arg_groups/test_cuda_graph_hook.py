@@ -511,24 +511,28 @@ def test_hybrid_full_prefill_graph_gets_request_slots(
     prefill = {"backend": "full"}
     if "full_prefill_max_req" in flags:
         prefill["full_prefill_max_req"] = flags.pop("full_prefill_max_req")
-    with caplog.at_level(logging.INFO, logger=OURS):
-        args = resolve(
-            model_dirs, family, cuda_graph_config={"prefill": prefill}, **flags
-        )
+    args, said, sources = _resolved_with_info(
+        model_dirs, caplog, family, prefill, flags, "request slots per captured batch"
+    )
     assert prefill_backend(args) == Backend.FULL
     assert _slots(args) == slots
-    said = [
-        r.getMessage()
-        for r in caplog.records
-        if "request slots per captured batch" in r.getMessage()
-    ]
-    sources = [source for source, _ in args._resolved_overrides]
     if family != "llama" and slots == 8:
         (line,) = said
         assert "8 request slots" in line and '"full_prefill_max_req": N' in line
         assert "_hybrid_full_prefill_request_slots" in sources
     else:
         assert not said and "_hybrid_full_prefill_request_slots" not in sources
+
+
+def _resolved_with_info(model_dirs, caplog, family, prefill, flags, phrase):
+    """The resolved ServerArgs for ``prefill`` and ``flags``; our INFO lines
+    containing ``phrase``; the sources in sglang's resolution record."""
+    with caplog.at_level(logging.INFO, logger=OURS):
+        args = resolve(
+            model_dirs, family, cuda_graph_config={"prefill": prefill}, **flags
+        )
+    said = [r.getMessage() for r in caplog.records if phrase in r.getMessage()]
+    return args, said, [source for source, _ in args._resolved_overrides]
 
 
 def test_breakable_graph_keeps_sglangs_slots(model_dirs):
@@ -577,18 +581,11 @@ def test_full_prefill_graph_caps_prefill_batches(
     """Through sglang's resolution: a hybrid model's full prefill graph without a
     prefill batch cap gets one equal to its request slots, declared in sglang's
     record and said once at INFO naming the flag; nothing else changes."""
-    with caplog.at_level(logging.INFO, logger=OURS):
-        args = resolve(
-            model_dirs, family, cuda_graph_config={"prefill": prefill}, **flags
-        )
+    args, said, sources = _resolved_with_info(
+        model_dirs, caplog, family, prefill, flags, "prefill batch takes"
+    )
     assert prefill_backend(args) == prefill["backend"]
     assert _batch_cap(args) == cap
-    said = [
-        r.getMessage()
-        for r in caplog.records
-        if "prefill batch takes" in r.getMessage()
-    ]
-    sources = [source for source, _ in args._resolved_overrides]
     if cap is not None and "prefill_max_requests" not in flags:
         (line,) = said
         assert f"at most {cap} requests" in line and "--prefill-max-requests" in line
