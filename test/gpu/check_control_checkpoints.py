@@ -21,6 +21,7 @@ CHECKPOINTS = {
     "nemotron_h": lambda m, p: m.tiny_nemotron_h(p),
     "nemotron_h_mlp": lambda m, p: m.tiny_nemotron_h(p, "M-M*-"),
     "nemotron_h_moe": lambda m, p: m.tiny_nemotron_h(p, "M-M*E"),
+    "nemotron_h_groups8": lambda m, p: m.tiny_nemotron_h(p, "M-M*-", groups=8),
     "falcon_h1": lambda m, p: m.tiny_falcon_h1(p),
     "granite": lambda m, p: m.tiny_granite_moe_hybrid(p),
 }

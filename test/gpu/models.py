@@ -184,12 +184,16 @@ NEMOTRON_H_MOE = dict(
 )
 
 
-def tiny_nemotron_h(path: Path, pattern: str = NEMOTRON_H_PATTERN) -> str:
+def tiny_nemotron_h(
+    path: Path, pattern: str = NEMOTRON_H_PATTERN, groups: int = 1
+) -> str:
     """NemotronH "M*M": Mamba2, attention, Mamba2 (``pattern`` for another). No MLP
     ('-') or MoE ('E') layer by default: sglang's prefill graph setup finds no
     attention module in those and captures no prefill graph at all
     (full_prefill_graph_capability's layer scan) unless the scan's hook keeps it
-    (MAMBA2_LAYER_GAPS_CAPTURED). Mamba2 with 8 heads of 32, one group, state 16. Weights from
+    (MAMBA2_LAYER_GAPS_CAPTURED). Mamba2 with 8 heads of 32, one group, state 16
+    (``groups`` > 1: 2 heads per group, as NemotronH's published checkpoints
+    share each group's B and C among 16 heads of their 8 groups). Weights from
     transformers' NemotronHForCausalLM; config.json from sglang's NemotronHConfig
     (transformers 5.19 writes layer types "linear_attention" / "full_attention",
     which sglang's config rejects), with mamba_n_groups = n_groups: sglang's
@@ -203,7 +207,14 @@ def tiny_nemotron_h(path: Path, pattern: str = NEMOTRON_H_PATTERN) -> str:
     from transformers import AutoModelForCausalLM
 
     moe = NEMOTRON_H_MOE if "E" in pattern else {}
-    config = _nemotron_h(hybrid_override_pattern=pattern, mamba_n_groups=1, **moe)
+    heads = {} if groups == 1 else {"mamba_num_heads": 2 * groups}
+    config = _nemotron_h(
+        hybrid_override_pattern=pattern,
+        mamba_n_groups=groups,
+        n_groups=groups,
+        **heads,
+        **moe,
+    )
     config.architectures = ["NemotronHForCausalLM"]
     config.dtype = torch.bfloat16
     hf = transformers.NemotronHConfig(

@@ -7,7 +7,8 @@ NemotronH also without it (no_buffer, which sglang pairs with the overlap
 schedule off); NemotronH "M-M*-" (MLP layers), "M-M*E" (MLP and MoE layers)
 and GraniteMoeHybrid (Mamba2 layers without attention), for which sglang 0.5.23
 captures no prefill graph, with MAMBA2_LAYER_GAPS_CAPTURED (and, for the MoE
-layers, NEMOTRON_H_MOE_LAYERS_CAPTURED) on (CASES). docs/mamba2_full_prefill_graph.md,
+layers, NEMOTRON_H_MOE_LAYERS_CAPTURED) on; NemotronH "M-M*-" with 8 groups
+(MAMBA2_CHECKED's group counts widened to 1 and 8) (CASES). docs/mamba2_full_prefill_graph.md,
 "What the GPU session must do", step 2, and what the first H200 run showed.
 
 The captured Mamba2 extend ships switched on (MAMBA2_FULL_PREFILL_GRAPH in
@@ -35,7 +36,7 @@ the decode steps: the Mamba2 branch must carry real weight there
 (tiny_falcon_h1's gated RMSNorm; on CPU, zeroing the Mamba2 states after the
 prefill splits greedy decoding of every prompt length of BATCHES for both
 checkpoints, logprobs moving 0.06-0.24 before the split, bf16 vs fp32 <= 0.007;
-for nemotron_h_mlp, nemotron_h_moe and granite_moe_hybrid, `python3
+for nemotron_h_mlp, nemotron_h_moe, nemotron_h_groups8 and granite_moe_hybrid, `python3
 test/gpu/check_control_checkpoints.py`: zeroed states split greedy decoding at
 the first decode step for prompts of 7, 64 and 255 tokens).
 
@@ -86,6 +87,8 @@ MODELS = {
     "nemotron_h_mlp": lambda path: tiny_nemotron_h(path, "M-M*-"),
     # MLP and MoE layers (NEMOTRON_H_MOE_LAYERS_CAPTURED for the MoE ones).
     "nemotron_h_moe": lambda path: tiny_nemotron_h(path, "M-M*E"),
+    # 8 groups, as NemotronH's published checkpoints (MAMBA2_CHECKED's groups).
+    "nemotron_h_groups8": lambda path: tiny_nemotron_h(path, "M-M*-", groups=8),
     "falcon_h1": tiny_falcon_h1,
     "granite_moe_hybrid": tiny_granite_moe_hybrid,
 }
@@ -104,6 +107,7 @@ SWITCH = {
     "GRAPHFIX_PROBE_MAMBA2_FULL_PREFILL_GRAPH": "1",
     "GRAPHFIX_PROBE_MAMBA2_LAYER_GAPS_CAPTURED": "1",
     "GRAPHFIX_PROBE_NEMOTRON_H_MOE_LAYERS_CAPTURED": "1",
+    "GRAPHFIX_PROBE_MAMBA2_GROUPS": "1,8",
 }
 FULL = {"backend": "full", "bs": [16, 32, 64, 128, 256], "full_prefill_max_req": 4}
 
@@ -120,11 +124,14 @@ def mamba2_switch_in_this_process():
         "NEMOTRON_H_MOE_LAYERS_CAPTURED",
     )
     saved = {name: getattr(capability, name) for name in names}
+    groups = capability.MAMBA2_CHECKED["groups"]
     for name in names:
         setattr(capability, name, True)
+    capability.MAMBA2_CHECKED["groups"] = (1, 8)
     yield
     for name, value in saved.items():
         setattr(capability, name, value)
+    capability.MAMBA2_CHECKED["groups"] = groups
 
 
 # (model, strategy): extra_buffer (sglang's default here) for every model,
@@ -139,6 +146,9 @@ CASES = [
     pytest.param(("falcon_h1", "extra_buffer"), id="falcon_h1-extra_buffer"),
     pytest.param(("nemotron_h_mlp", "extra_buffer"), id="nemotron_h_mlp-extra_buffer"),
     pytest.param(("nemotron_h_moe", "extra_buffer"), id="nemotron_h_moe-extra_buffer"),
+    pytest.param(
+        ("nemotron_h_groups8", "extra_buffer"), id="nemotron_h_groups8-extra_buffer"
+    ),
     pytest.param(
         ("granite_moe_hybrid", "extra_buffer"), id="granite_moe_hybrid-extra_buffer"
     ),

@@ -106,11 +106,12 @@ MAMBA2_LAYER_GAPS_CAPTURED = True
 # off, NemotronH with MoE layers is refused for the layer scan, as before.
 NEMOTRON_H_MOE_LAYERS_CAPTURED = False
 # What the H200 runs above covered: bfloat16 weights, one group (every case, the
-# kernel level included), float32 SSM and bfloat16 conv states (sglang's
-# defaults, mamba2_state_dtype), flashinfer attention.
+# kernel level included; the group counts a GPU case ran, GPU case
+# nemotron_h_groups8 waits for 8), float32 SSM and bfloat16 conv states
+# (sglang's defaults, mamba2_state_dtype), flashinfer attention.
 MAMBA2_CHECKED = {
     "dtype": "bfloat16",
-    "groups": 1,
+    "groups": (1,),
     "state": ("float32", "bfloat16"),
     # The Mamba2 engines ran flashinfer; fa3 under a full graph was checked on
     # GDN models only.
@@ -314,6 +315,11 @@ def _mamba2_extend_captured(s: Settings) -> bool:
     return MAMBA2_FULL_PREFILL_GRAPH
 
 
+def _group_counts(counts: tuple) -> str:
+    """(1,) -> "1 group", (1, 8) -> "1 or 8 groups"."""
+    return " or ".join(map(str, counts)) + (" group" if counts == (1,) else " groups")
+
+
 def _mamba2_not_covered(what: str) -> str:
     return (
         f"{what}: the captured Mamba2 extend takes plain prefill batches only "
@@ -500,12 +506,12 @@ MAMBA2_CONDITIONS = (
         setting=_MAMBA2_GROUPS,
         violated=lambda s: (
             _mamba2_extend_captured(s)
-            and s.mamba_groups not in (None, MAMBA2_CHECKED["groups"])
+            and s.mamba_groups not in (None, *MAMBA2_CHECKED["groups"])
         ),
         reason=lambda s: (
             "the captured Mamba2 extend is checked on a GPU with "
-            f"{MAMBA2_CHECKED['groups']} group only; this model's Mamba2 layers "
-            f"have {s.mamba_groups}"
+            f"{_group_counts(MAMBA2_CHECKED['groups'])} only; this model's Mamba2 "
+            f"layers have {s.mamba_groups}"
         ),
     ),
     Condition(

@@ -31,7 +31,8 @@ never-written slot).
 GRAPHFIX_PROBE_FLASHINFER_GDN_CAPTURE_SM=<sm>,
 GRAPHFIX_PROBE_MAMBA2_FULL_PREFILL_GRAPH=1,
 GRAPHFIX_PROBE_MAMBA2_LAYER_GAPS_CAPTURED=1 and
-GRAPHFIX_PROBE_NEMOTRON_H_MOE_LAYERS_CAPTURED=1 set those switches of
+GRAPHFIX_PROBE_NEMOTRON_H_MOE_LAYERS_CAPTURED=1 set those switches, and
+GRAPHFIX_PROBE_MAMBA2_GROUPS=1,8 the group counts of MAMBA2_CHECKED, of
 full_prefill_graph_capability in every process that loads the plugins (set them
 before the test process's first engine, whose resolution judges Mamba2 too; a
 test that needs the switch in its own process whatever ran before sets the
@@ -68,6 +69,9 @@ def register():
         capability.MAMBA2_LAYER_GAPS_CAPTURED = True
     if os.environ.get("GRAPHFIX_PROBE_NEMOTRON_H_MOE_LAYERS_CAPTURED"):
         capability.NEMOTRON_H_MOE_LAYERS_CAPTURED = True
+    groups = os.environ.get("GRAPHFIX_PROBE_MAMBA2_GROUPS")
+    if groups:
+        capability.MAMBA2_CHECKED["groups"] = tuple(map(int, groups.split(",")))
 
     from sglang.srt.layers.attention.dsa.dsa_indexer import Indexer
     from sglang_graphfix.srt.layers.attention import (
