@@ -2,11 +2,17 @@
 # are under /tmp/gpu-bundle: assembles the offline sglang 0.5.23 site, puts it on
 # PYTHONPATH (after assemble.sh, which would otherwise reset it; FlashInfer's GDN
 # kernels need nvidia_cutlass_dsl's packages), installs this tree into it and
-# checks the imports a block needs. Then start a block:
-#   . test/gpu/device_setup.sh && GRAPHFIX_COMMIT=<sha> RES=/tmp/res \
-#     setsid nohup bash test/gpu/run_block.sh ... >/tmp/block.log 2>&1 </dev/null &
+# checks the imports a block needs; with /tmp/jitcache present (a previous
+# session's caches: test/gpu/cache_out.sh, cache_pack.sh), unpacks them first.
+# Then start a block (in braces, so that only the block goes to the background):
+#   . test/gpu/device_setup.sh && { GRAPHFIX_COMMIT=<sha> RES=/tmp/res \
+#     setsid nohup bash test/gpu/run_block.sh ... >/tmp/block.log 2>&1 </dev/null & }
+# (without the braces the setup itself runs in the background and dies with
+# the calling command). The machine goes back 30 s after a call ends: keep a
+# polling call (sleep N; cat /tmp/res/progress.log) running back to back.
 # GRAPHFIX_COMMIT: the commit as `git rev-parse --short HEAD` gives it on the
 # development machine (the device's .git may be stale; provenance records both).
+if [ -d /tmp/jitcache ]; then bash test/gpu/cache_in.sh || echo "device setup: no caches"; fi
 eval "$(bash /tmp/gpu-bundle/00/assemble.sh 2>/tmp/assemble.log)"
 export PYTHONPATH=/tmp/sglang-site/nvidia_cutlass_dsl/dsl_packages:/tmp/sglang-site
 python3 -m pip install -q --upgrade --no-deps --no-build-isolation --target /tmp/sglang-site . \
