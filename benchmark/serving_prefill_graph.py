@@ -11,7 +11,8 @@ Model: `qwen3-next-80b-a3b-fp8`: Qwen3-Next-80B-A3B's published dimensions (48
 layers: 36 GDN + 12 attention, hidden 2048, 512 experts top-10, vocab 151936)
 with the FP8 checkpoint's block quantization ([128, 128], e4m3), --load-format
 dummy (speed only: every output is noise). `falcon-h1-7b`: Falcon-H1-7B's
-(Mamba2 beside attention in 44 layers, bfloat16), every mode with
+(Mamba2 beside attention in 44 layers, bfloat16) and `nemotron-h-8b`:
+Nemotron-H-8B-Base's (Mamba2, attention and MLP layers, 8 groups), every mode with
 --attention-backend flashinfer (the Mamba2 full graph's checked backend). `tiny`: test/tiny_configs.py's 4-layer
 Qwen3-Next, for a dry run of this script. A synthetic word-level tokenizer of the
 model's vocabulary is written beside the config (no hub access); prompts are
@@ -149,13 +150,36 @@ def falcon_h1_7b(path: Path, layers: int = 44) -> None:
     config.save_pretrained(path)
 
 
+def nemotron_h_8b(path: Path) -> None:
+    """Nemotron-H-8B-Base's published dimensions: 52 layers
+    "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-" (24 Mamba2, 4 attention
+    of 32 / 8 heads of 128, 24 MLP of 21504, relu2), hidden 4096, Mamba2 with
+    128 heads of 64 in 8 groups, state 128, chunk 128; vocab 131072, bfloat16
+    (sglang's NemotronHConfig defaults, with the checkpoint's groups, chunk and
+    context). 8 groups: the full prefill graph refuses it until the GPU case
+    test_mamba2_full_prefill_graph.py -k nemotron_h_groups8 passes and
+    MAMBA2_CHECKED admits 8 groups."""
+    from sglang.srt.configs.nemotron_h import NemotronHConfig
+
+    config = NemotronHConfig(
+        n_groups=8, mamba_n_groups=8, mamba_chunk_size=128, max_position_embeddings=8192
+    )
+    config.architectures = ["NemotronHForCausalLM"]
+    config.dtype = "bfloat16"
+    config.save_pretrained(path)
+
+
 MODELS = {
     "qwen3-next-80b-a3b-fp8": qwen3_next_80b_a3b_fp8,
     "falcon-h1-7b": falcon_h1_7b,
+    "nemotron-h-8b": nemotron_h_8b,
     "tiny": tiny_qwen3_next,
 }
 # Flags a model's servers get in every mode (before the command line's own).
-SERVER_ARGS = {"falcon-h1-7b": ["--attention-backend", "flashinfer"]}
+SERVER_ARGS = {
+    model: ["--attention-backend", "flashinfer"]
+    for model in ("falcon-h1-7b", "nemotron-h-8b")
+}
 
 
 def word_level_tokenizer(path: Path) -> None:
