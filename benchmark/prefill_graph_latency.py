@@ -31,7 +31,8 @@ and unprofiled from the skipped forwards' second half), GPU device ms (sum and
 busy union), GPU-idle fraction, the inclusive host ms of record_function markers
 around sglang's replay steps (load_batch, attention metadata / FlashInfer plan,
 linear-attention table fill, graph replay, logits; nested), the top CPU ops by
-self time and the top kernels. Writes $OUT/prefill_graph_profile.json, else
+self time, the top kernels and every device op ("kernels"; compare two backends
+with benchmark/profile_diff.py). Writes $OUT/prefill_graph_profile.json, else
 benchmark/results/prefill_graph_profile.json: {"provenance", "workload", "models":
 {model: {backend: {"LxB": summary}}}}, and prints one line per shape.
 """

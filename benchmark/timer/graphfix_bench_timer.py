@@ -299,6 +299,21 @@ def summarize(stats: list, wall_ms: list, graph: list, unprofiled_ms: list) -> d
             }
             for name, us in dev.most_common(TOP_KERNELS)
         ],
+        # Every device op (kernels and copies), for benchmark/profile_diff.py.
+        "kernels": _all_device_ops(dev, dev_calls, n),
+    }
+
+
+def _all_device_ops(dev: Counter, dev_calls: Counter, n: int) -> dict:
+    """{name: [ms, calls]} per forward of every device op, longest first; names
+    cut to NAME_CHARS (ops whose cut names agree are summed)."""
+    us, calls = Counter(), Counter()
+    for name, total in dev.items():
+        us[_name(name)] += total
+        calls[_name(name)] += dev_calls[name]
+    return {
+        name: [round(total / n / 1e3, 4), round(calls[name] / n, 2)]
+        for name, total in us.most_common()
     }
 
 

@@ -9,6 +9,7 @@ import json
 import re
 import sys
 import types
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -209,3 +210,13 @@ def test_device_time_is_kernels_and_busy_is_their_union():
     assert s["gpu_idle_fraction_unprofiled"] == pytest.approx(0.75)
     assert s["top_kernels"][0] == {"name": "gemm", "ms": 0.02, "calls": 2.0}
     assert s["host_ops_ms"] == 0.04 and s["device_ops_per_forward"] == 3.0
+    # Every device op, longest first, whatever TOP_KERNELS keeps.
+    assert s["kernels"] == {"gemm": [0.02, 2.0], "Memcpy HtoD": [0.005, 1.0]}
+
+
+def test_all_device_ops_sum_names_cut_alike():
+    long_a, long_b = "k" * 100 + "a", "k" * 100 + "b"  # cut to the same name
+    dev = Counter({long_a: 3000, long_b: 1000, "short": 8000})
+    calls = Counter({long_a: 2, long_b: 2, "short": 4})
+    ops = timer._all_device_ops(dev, calls, 2)
+    assert ops == {"short": [4.0, 2.0], "k" * 77 + "...": [2.0, 2.0]}
