@@ -555,6 +555,29 @@ def test_nemotron_h_moe_layers_with_their_switch(model_dirs, monkeypatch):
     assert outcome() == Backend.FULL
 
 
+def test_mamba2_group_counts_a_gpu_case_ran(model_dirs, monkeypatch):
+    """MAMBA2_CHECKED's groups are the counts a GPU case ran: 8 groups are
+    refused as shipped, captured once 8 is among them (as the 8-group GPU case's
+    probe sets it), and another count is refused naming both."""
+    assert capability.MAMBA2_CHECKED["groups"] == (1,)
+    nemotron = ALL_CASES[MAMBA2_GROUPS]
+    falcon = ALL_CASES[f"{MAMBA2_GROUPS} (Falcon-H1)"]  # 2 groups
+
+    def outcome(case):
+        try:
+            return prefill_backend(resolve(model_dirs, case))
+        except ValueError as err:
+            return " ".join(str(err).split())
+
+    with case_env(monkeypatch, nemotron, MAMBA2_GROUPS):
+        assert "with 1 group only; this model's Mamba2 layers have 8" in outcome(
+            nemotron
+        )
+        monkeypatch.setitem(capability.MAMBA2_CHECKED, "groups", (1, 8))
+        assert outcome(nemotron) == Backend.FULL
+        assert "with 1 or 8 groups only; this model's Mamba2 layers have 2" in outcome(falcon)  # fmt: skip
+
+
 def test_pure_mamba2_stays_refused_with_layer_gaps_captured(monkeypatch):
     """Every layer of a pure Mamba2 model lacks attention: the scan's hook does
     not cover it (nor would the hybrid backend's capture), switch on or off."""
