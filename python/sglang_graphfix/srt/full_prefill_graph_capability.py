@@ -299,21 +299,21 @@ KDA_CONDITIONS = (
 
 
 MAMBA2_FAMILY = "Mamba2/short-conv"
+# The mixers the captured extend does not run, and why (sglang 0.5.23):
+# MambaMixer1's extend reads the sequence lengths on the host
+# (.cpu().tolist()); ZAYA1's CCA extend loops over host-side slots and lengths,
+# and LFM2's conv (a kernel whose grid is the request count) gets its
+# cu-seqlens, prefix mask and slots from the eager metadata, which
+# sglang-graphfix does not build per bucket for short convs.
 _MIXERS = {
-    "mamba1": "Mamba-1 mixer (MambaMixer1: Falcon-Mamba, Mamba)",
-    "short-conv": "short-conv layers (ShortConvAttnBackend: LFM2, ZAYA1)",
-}
-# Why each is not captured (sglang 0.5.23): MambaMixer1's extend reads the
-# sequence lengths on the host (.cpu().tolist()); ZAYA1's CCA extend loops over
-# host-side slots and lengths, and LFM2's conv (a kernel whose grid is the
-# request count) gets its cu-seqlens, prefix mask and slots from the eager
-# metadata, which sglang-graphfix does not build per bucket for short convs.
-_MIXER_REASONS = {
-    "mamba1": "reads host-side sequence lengths",
+    "mamba1": (
+        "Mamba-1 mixer (MambaMixer1: Falcon-Mamba, Mamba) reads host-side "
+        "sequence lengths"
+    ),
     "short-conv": (
-        "get no per-bucket extend metadata (cu-seqlens, prefix mask, state "
-        "slots) under a full prefill graph, and ZAYA1's extend loops over "
-        "host-side slots and lengths"
+        "short-conv layers (ShortConvAttnBackend: LFM2, ZAYA1) get no per-bucket "
+        "extend metadata (cu-seqlens, prefix mask, state slots) under a full "
+        "prefill graph, and ZAYA1's extend loops over host-side slots and lengths"
     ),
 }
 _PAGE_MAJOR = "--enable-page-major-kv-layout / --enable-unified-memory"
@@ -447,7 +447,7 @@ MAMBA2_CONDITIONS = (
         violated=lambda s: _mamba2_extend_captured(s) and s.mamba_mixer in _MIXERS,
         reason=lambda s: (
             f"the captured extend runs MambaMixer2 layers only; this model's "
-            f"{_MIXERS.get(s.mamba_mixer)} {_MIXER_REASONS.get(s.mamba_mixer)}"
+            f"{_MIXERS[s.mamba_mixer]}"
         ),
     ),
     # --enable-mixed-chunk makes the runner replay the full graph on
