@@ -733,6 +733,7 @@ SERVING_SAME_SESSION = (
 )
 SERVING_CAPPED = "gpu/serving_2026-12-02/full_capped/serving_prefill_graph.json"
 SERVING_LONG = "gpu/serving_2026-12-02b/full_breakable_long/serving_prefill_graph.json"
+SERVING_FALCON_H1 = "gpu/serving_2026-12-02c/falcon_h1_7b/serving_prefill_graph.json"
 SERVING_LATEST = (
     "gpu/serving_2026-12-02/full_breakable/serving_prefill_graph.json",
     SERVING_CAPPED,
@@ -752,6 +753,12 @@ def render() -> str:
         + served_profile()
         + masked_state_copy()
         + gdn_prefill_kernel_choice()
+        + serving(
+            (SERVING_FALCON_H1,),
+            "Mamba2 hybrid (issue 16): the three servers one after another in one "
+            "session, at one commit; the full graph is slower than breakable on "
+            "every workload. ",
+        )
         + serving(
             (SERVING_LONG,),
             "Long single prompts and bursts, full vs breakable, one session "
