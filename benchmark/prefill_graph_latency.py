@@ -18,6 +18,7 @@ Models:
     python3 benchmark/prefill_graph_latency.py --models tiny --profile
     python3 benchmark/prefill_graph_latency.py --models qwen3-next-80b-fp8 --profile [--backends full]
         [--shapes 2048x1,8192x1] [--radix]
+    python3 benchmark/prefill_graph_latency.py --models falcon-h1-7b --profile --radix
 
 Writes $OUT/prefill_graph_latency.json, else benchmark/results/prefill_graph_latency.json.
 
@@ -189,6 +190,22 @@ def _specs() -> dict:
                 "context_length": 20480,
             },
         },
+        "falcon-h1-7b": lambda: {
+            "description": "Falcon-H1-7B's published dimensions (44 layers, Mamba2 beside "
+            "attention), bfloat16, dummy weights, with sglang's defaults and "
+            "--attention-backend flashinfer as benchmark/serving_prefill_graph.py serves "
+            "it, but the radix cache off unless --radix (which turns on the mamba extra "
+            "buffer's prefix-cache state tracking, as served)",
+            "served": True,
+            "shapes": SERVED_SHAPES,
+            "kwargs": {
+                "model_path": _served_checkpoint("falcon_h1_7b"),
+                "load_format": "dummy",
+                "mem_fraction_static": 0.85,
+                "context_length": 20480,
+                "attention_backend": "flashinfer",
+            },
+        },
         "qwen3-next": lambda: {
             "description": f"Qwen3-Next-80B-A3B layer dimensions, first {LAYERS} of 48 layers (6 GDN + 2 attention), dummy weights",
             "kwargs": {
@@ -309,6 +326,15 @@ def _qwen3_next_80b_fp8() -> str:
 
     path = Path(tempfile.mkdtemp(prefix="qwen3_next_80b_fp8"))
     qwen3_next_80b_a3b_fp8(path)
+    return str(path)
+
+
+def _served_checkpoint(name: str) -> str:
+    """A config-only checkpoint of benchmark/serving_prefill_graph.py's ``name``."""
+    import serving_prefill_graph
+
+    path = Path(tempfile.mkdtemp(prefix=name))
+    getattr(serving_prefill_graph, name)(path)
     return str(path)
 
 

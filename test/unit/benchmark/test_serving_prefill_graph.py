@@ -178,3 +178,29 @@ def test_one_client_process_runs_every_benchmark_of_a_server(tmp_path, monkeypat
     finally:
         client.close()
     assert client.proc.poll() is not None
+
+
+def test_profiled_falcon_h1_is_the_served_one_and_captures_the_full_graph(monkeypatch, tmp_path):
+    """benchmark/prefill_graph_latency.py --models falcon-h1-7b profiles the
+    checkpoint and flags the serving run measured (its full graph slower than
+    breakable), and its engine kwargs resolve to a full prefill graph (not a
+    refusal, not a downgrade) and to breakable."""
+    from resolution import prefill_backend, resolved
+
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    serving = load_benchmark("serving_prefill_graph")
+    latency = load_benchmark("prefill_graph_latency")
+    monkeypatch.setattr(
+        latency.tempfile, "mkdtemp", lambda prefix: str(tmp_path / prefix)
+    )
+    spec = latency._specs()["falcon-h1-7b"]()
+    served = tmp_path / "served"
+    serving.falcon_h1_7b(served)
+    model = json.loads((tmp_path / "falcon_h1_7b" / "config.json").read_text())
+    assert model == json.loads((served / "config.json").read_text())
+    assert spec["kwargs"]["attention_backend"] == serving.SERVER_ARGS["falcon-h1-7b"][1]
+    for name, backend in (("full", Backend.FULL), ("breakable", Backend.BREAKABLE)):
+        kwargs = latency._engine_kwargs(spec, latency.PREFILL[name])
+        path = kwargs.pop("model_path")
+        assert prefill_backend(resolved(path, gpu="h200", **kwargs)) == backend
