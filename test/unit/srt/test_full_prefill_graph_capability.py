@@ -217,7 +217,7 @@ def test_explicit_full_is_refused_at_config_time(model_dirs, monkeypatch, case_i
         assert "has no capturable extend" in message
     if case_id == MAMBA2_MIXER:
         assert "runs MambaMixer2 layers only" in message
-        assert "short-conv layers (ShortConvAttnBackend: LFM2, ZAYA1) get no per-bucket extend metadata" in message  # fmt: skip
+        assert "short-conv layers (ShortConvAttnBackend: LFM2) run on per-bucket tables that no GPU check has covered yet (LFM2_FULL_PREFILL_GRAPH)" in message  # fmt: skip
     if case_id == "--enable-mixed-chunk":
         assert "drop --enable-mixed-chunk" in message
     if case_id == "--enable-two-batch-overlap":
@@ -553,6 +553,33 @@ def test_nemotron_h_moe_layers_with_their_switch(model_dirs, monkeypatch):
     monkeypatch.setattr(capability, "NEMOTRON_H_MOE_LAYERS_CAPTURED", True)
     assert capability.layer_gap(model_config).full_graph_layers == 2
     assert outcome() == Backend.FULL
+
+
+def test_lfm2_with_its_switch(model_dirs, monkeypatch):
+    """LFM2's short-conv layers: refused as shipped (LFM2_FULL_PREFILL_GRAPH off,
+    no GPU case run yet), naming the switch; with it on, captured (as checked:
+    bfloat16, flashinfer attention). ZAYA1's stay refused either way (Settings:
+    no ZAYA1 sample config)."""
+    assert capability.LFM2_FULL_PREFILL_GRAPH is False
+    case = ("lfm2", {"dtype": "bfloat16", "attention_backend": "flashinfer"}, {}, True, "h200")  # fmt: skip
+
+    def outcome():
+        try:
+            return prefill_backend(resolve(model_dirs, case))
+        except ValueError as err:
+            return " ".join(str(err).split())
+
+    with case_env(monkeypatch, case, MAMBA2_MIXER):
+        assert "no GPU check has covered yet (LFM2_FULL_PREFILL_GRAPH)" in outcome()
+        monkeypatch.setattr(capability, "LFM2_FULL_PREFILL_GRAPH", True)
+        assert outcome() == Backend.FULL
+        zaya = capability.Settings(
+            architecture="ZayaForCausalLM", family=capability.MAMBA2_FAMILY,
+            mamba_mixer="short-conv",
+        )  # fmt: skip
+        support = capability.judge(zaya)
+        assert MAMBA2_MIXER in support.violated
+        assert "(ShortConvAttnBackend: ZAYA1, LFM2's bidirectional encoder) loop over host-side slots and lengths" in support.reasons[0]  # fmt: skip
 
 
 def test_mamba2_group_counts_a_gpu_case_ran(model_dirs, monkeypatch):
