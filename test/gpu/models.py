@@ -295,3 +295,29 @@ def tiny_granite_moe_hybrid(path: Path) -> str:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(path)
     return str(path)
+
+
+def tiny_lfm2(path: Path) -> str:
+    """LFM2 (short-conv layers, conv cache of 3, around attention: "conv",
+    "full_attention", "conv", "conv"; hidden 256, 4 / 2 heads of 64) in
+    transformers' Lfm2Config, with its weights; bfloat16, as the full graph's
+    Mamba2/short-conv family is checked."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    config = transformers.Lfm2Config(
+        vocab_size=2048,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        layer_types=["conv", "full_attention", "conv", "conv"],
+        conv_L_cache=3,
+        max_position_embeddings=4096,
+    )
+    config.architectures = ["Lfm2ForCausalLM"]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(path)
+    return str(path)

@@ -409,7 +409,21 @@ def layer_gap(model_config) -> LayerGap | None:
         return LayerGap("GraniteMoeHybrid's Mamba2 layers", _kept(mamba) or None)
     if isinstance(config, Mamba2Config):
         return LayerGap("any layer of a pure Mamba2 model", None)
+    if isinstance(config, (Lfm2Config, Lfm2MoeConfig, Lfm2VlConfig)):
+        # Its short-conv layers hold `conv`, no attention module.
+        conv = sum(kind == "conv" for kind in _lfm2_layer_types(config))
+        if not conv:
+            return None
+        return LayerGap(
+            "LFM2's short-conv layers",
+            _kept(conv) if LFM2_FULL_PREFILL_GRAPH else None,
+        )
     return None
+
+
+def _lfm2_layer_types(config) -> list:
+    text = getattr(config, "text_config", None) or config
+    return list(getattr(text, "layer_types", None) or [])
 
 
 def _kept(layers: int) -> int | None:
