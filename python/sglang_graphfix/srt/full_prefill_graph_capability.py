@@ -310,6 +310,7 @@ _MIXERS = {
     "mamba1": "Mamba-1 mixer (MambaMixer1: Falcon-Mamba, Mamba)",
     "short-conv": "short-conv layers (ShortConvAttnBackend: ZAYA1, LFM2's bidirectional encoder)",
     "lfm2": "short-conv layers (ShortConvAttnBackend: LFM2)",
+    "lfm2-other": "short-conv layers (ShortConvAttnBackend: LFM2-MoE, LFM2-VL)",
 }
 # Why each is not captured (sglang 0.5.23): MambaMixer1's extend reads the
 # sequence lengths on the host (.cpu().tolist()); ZAYA1's CCA extend and LFM2's
@@ -322,6 +323,10 @@ _MIXER_REASONS = {
     "lfm2": (
         "run on per-bucket tables that no GPU check has covered yet "
         "(LFM2_FULL_PREFILL_GRAPH)"
+    ),
+    "lfm2-other": (
+        "are not checked under a full graph (LFM2-MoE's fused conv sizes its "
+        "grid from host-side lengths; only dense LFM2 has a GPU case)"
     ),
 }
 _PAGE_MAJOR = "--enable-page-major-kv-layout / --enable-unified-memory"
@@ -410,8 +415,8 @@ def layer_gap(model_config) -> LayerGap | None:
     if isinstance(config, Mamba2Config):
         return LayerGap("any layer of a pure Mamba2 model", None)
     if isinstance(config, (Lfm2Config, Lfm2MoeConfig, Lfm2VlConfig)):
-        # Its short-conv layers hold `conv`, no attention module.
-        conv = sum(kind == "conv" for kind in _lfm2_layer_types(config))
+        # Every layer but "full_attention" holds `conv`, no attention module.
+        conv = sum(kind != "full_attention" for kind in _lfm2_layer_types(config))
         if not conv:
             return None
         return LayerGap(
@@ -627,8 +632,12 @@ def mamba_mixer_of_config(model_config) -> str | None:
         return None
     if isinstance(config, (Lfm2Config, Lfm2MoeConfig, Lfm2VlConfig)):
         architectures = getattr(model_config.hf_config, "architectures", None) or []
-        bidirectional = any("Bidirectional" in a for a in architectures)
-        return "short-conv" if bidirectional else "lfm2"
+        if any("Bidirectional" in a for a in architectures):
+            return "short-conv"
+        dense = type(config) is Lfm2Config and isinstance(
+            model_config.hf_config, Lfm2Config
+        )
+        return "lfm2" if dense else "lfm2-other"
     if isinstance(config, ZayaConfig):
         return "short-conv"
     if isinstance(config, (MambaConfig, FalconMambaConfig)):
@@ -643,6 +652,15 @@ def _model_config_of_backend(linear):
         return None
     model_runner = getattr(linear, "_model_runner", None)
     return getattr(model_runner, "model_config", None)
+
+
+def is_lfm2_short_conv(linear) -> bool:
+    """A live backend of dense LFM2's short-conv layers (not Inkling's
+    subclass, not ZAYA1, not LFM2-MoE / LFM2-VL)."""
+    return (
+        type(linear) is ShortConvAttnBackend
+        and _mamba_mixer_of_backend(linear) == "lfm2"
+    )
 
 
 def _mamba_mixer_of_backend(linear) -> str | None:

@@ -68,6 +68,12 @@ def model_dirs(tmp_path_factory):
         config.dtype = torch.bfloat16
         config.save_pretrained(root / name)
         dirs[name] = str(root / name)
+    lfm2 = FAMILIES["lfm2"][0]()
+    lfm2.layer_types = ["conv", "full_attention", "conv"]
+    lfm2.num_hidden_layers = 3
+    lfm2.architectures = ["Lfm2ForCausalLM"]
+    lfm2.save_pretrained(root / "lfm2_3_layers")
+    dirs["lfm2_3_layers"] = str(root / "lfm2_3_layers")
     falcon = FAMILIES["falcon_h1"][0]()
     falcon.mamba_n_groups = 2
     falcon.architectures = ["FalconH1ForCausalLM"]
@@ -576,7 +582,12 @@ def test_lfm2_with_its_switch(model_dirs, monkeypatch):
         # layers (they hold `conv`): no prefill graph upstream, as for Granite.
         assert "finds no attention module in LFM2's short-conv layers" in refused
         monkeypatch.setattr(capability, "LFM2_FULL_PREFILL_GRAPH", True)
-        assert capability.layer_gap(model_config_of(ServerArgs(model_path=model_dirs["lfm2"]))).full_graph_layers == 1  # fmt: skip
+        # Every layer but "full_attention" is a conv layer.
+        lfm2 = model_config_of(ServerArgs(model_path=model_dirs["lfm2_3_layers"]))
+        assert capability.layer_gap(lfm2).full_graph_layers == 2
+        assert capability.mamba_mixer_of_config(lfm2) == "lfm2"
+        lfm2.hf_config.architectures = ["Lfm2BidirectionalModel"]  # host loops
+        assert capability.mamba_mixer_of_config(lfm2) == "short-conv"
         assert outcome() == Backend.FULL
         zaya = capability.Settings(
             architecture="ZayaForCausalLM", family=capability.MAMBA2_FAMILY,

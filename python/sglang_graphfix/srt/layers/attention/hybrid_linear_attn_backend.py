@@ -23,7 +23,6 @@ from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
 )
 from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
 from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
-from sglang.srt.layers.attention.linear.short_conv_backend import ShortConvAttnBackend
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang_graphfix.srt import full_prefill_graph_capability as capability
 from sglang_graphfix.srt.layers.attention.linear.gdn_backend import (
@@ -70,9 +69,9 @@ def linear_extend_tables_for_full_prefill_graph(
         isinstance(linear, Mamba2AttnBackend) and capability.MAMBA2_FULL_PREFILL_GRAPH
     )
     short_conv = (
-        isinstance(linear, ShortConvAttnBackend)
-        and capability.MAMBA2_FULL_PREFILL_GRAPH
+        capability.MAMBA2_FULL_PREFILL_GRAPH
         and capability.LFM2_FULL_PREFILL_GRAPH
+        and capability.is_lfm2_short_conv(linear)
     )
     if not (
         (mamba2 or short_conv or isinstance(linear, (GDNAttnBackend, KDAAttnBackend)))

@@ -27,6 +27,9 @@ from sglang.srt.arg_groups.overrides import model_config_of
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
     HybridLinearAttnBackend,
 )
+from sglang.srt.layers.attention.linear.inkling_sconv_backend import (
+    InklingShortConvAttnBackend,
+)
 from sglang.srt.layers.attention.linear.short_conv_backend import ShortConvAttnBackend
 from sglang.srt.server_args import ServerArgs
 from sglang_graphfix.srt import full_prefill_graph_capability as capability
@@ -41,6 +44,9 @@ class _LayerCachePool(Pool):
     def mamba2_layer_cache(self, layer_id):
         return SimpleNamespace(conv=[f"conv state of layer {layer_id}"])
 
+    def translate_mamba_indices(self, indices):
+        return indices + 1000  # virtual -> physical slots (a unified pool)
+
 
 @pytest.fixture(scope="module")
 def lfm2_config(tmp_path_factory):
@@ -50,8 +56,8 @@ def lfm2_config(tmp_path_factory):
     )
 
 
-def _backend(model_config):
-    backend = ShortConvAttnBackend.__new__(ShortConvAttnBackend)
+def _backend(model_config, cls=ShortConvAttnBackend):
+    backend = cls.__new__(cls)
     backend.req_to_token_pool = _LayerCachePool()
     backend.device = torch.device("cpu")
     backend.topk = 0
@@ -137,6 +143,25 @@ def test_lfm2_switch_off_takes_the_upstream_path(lfm2_config):
         _runtime(case, lfm2_switch=False),
         mock.patch.object(
             ShortConvAttnBackend, "init_forward_metadata_out_graph", upstream
+        ),
+    ):
+        _hybrid(backend).init_forward_metadata_out_graph(
+            capture_batch(case, track=False), in_capture=True
+        )
+    upstream.assert_called_once()
+    assert "short_conv_full_prefill_graph_tables" not in backend.__dict__
+
+
+def test_inklings_subclass_keeps_its_own_path(lfm2_config):
+    """InklingShortConvAttnBackend subclasses ShortConvAttnBackend and plans its
+    own full-graph metadata: upstream's path, switch on or off."""
+    case = random_case(random.Random(6))
+    backend = _backend(lfm2_config, InklingShortConvAttnBackend)
+    upstream = mock.Mock()
+    with (
+        _runtime(case),
+        mock.patch.object(
+            InklingShortConvAttnBackend, "init_forward_metadata_out_graph", upstream
         ),
     ):
         _hybrid(backend).init_forward_metadata_out_graph(
