@@ -135,34 +135,22 @@ def test_plain_extend_on_lfm2_runs_on_the_buckets_static_tables(lfm2_config):
         assert expected.slot_ids_cpu is not None  # eager syncs them for ZAYA1
 
 
-def test_lfm2_switch_off_takes_the_upstream_path(lfm2_config):
+@pytest.mark.parametrize(
+    "cls, lfm2_switch",
+    [
+        (ShortConvAttnBackend, False),
+        # Inkling's subclass plans its own full-graph metadata, switch on or off.
+        (InklingShortConvAttnBackend, True),
+    ],
+    ids=["lfm2-switch-off", "inkling"],
+)
+def test_upstream_path_otherwise(lfm2_config, cls, lfm2_switch):
     case = random_case(random.Random(5))
-    backend = _backend(lfm2_config)
+    backend = _backend(lfm2_config, cls)
     upstream = mock.Mock()
     with (
-        _runtime(case, lfm2_switch=False),
-        mock.patch.object(
-            ShortConvAttnBackend, "init_forward_metadata_out_graph", upstream
-        ),
-    ):
-        _hybrid(backend).init_forward_metadata_out_graph(
-            capture_batch(case, track=False), in_capture=True
-        )
-    upstream.assert_called_once()
-    assert "short_conv_full_prefill_graph_tables" not in backend.__dict__
-
-
-def test_inklings_subclass_keeps_its_own_path(lfm2_config):
-    """InklingShortConvAttnBackend subclasses ShortConvAttnBackend and plans its
-    own full-graph metadata: upstream's path, switch on or off."""
-    case = random_case(random.Random(6))
-    backend = _backend(lfm2_config, InklingShortConvAttnBackend)
-    upstream = mock.Mock()
-    with (
-        _runtime(case),
-        mock.patch.object(
-            InklingShortConvAttnBackend, "init_forward_metadata_out_graph", upstream
-        ),
+        _runtime(case, lfm2_switch=lfm2_switch),
+        mock.patch.object(cls, "init_forward_metadata_out_graph", upstream),
     ):
         _hybrid(backend).init_forward_metadata_out_graph(
             capture_batch(case, track=False), in_capture=True
