@@ -9,8 +9,9 @@
 #     setsid nohup bash test/gpu/run_block.sh ... >/tmp/block.log 2>&1 </dev/null & }
 # (without the braces the setup itself runs in the background and dies with
 # the calling command). The machine goes back 30 s after a call ends, and tool
-# calls run one after another: during a block make only polling calls (sleep N;
-# cat /tmp/res/progress.log; copy results to $OUT), back to back.
+# calls run one after another: during a block make only polling calls, back to
+# back: `RES=/tmp/res bash test/gpu/poll_block.sh 300` (progress, and what the
+# block has written so far back through $OUT).
 # GRAPHFIX_COMMIT: the commit as `git rev-parse --short HEAD` gives it on the
 # development machine (the device's .git may be stale; provenance records both).
 if [ -d /tmp/jitcache ]; then bash test/gpu/cache_in.sh || echo "device setup: no caches"; fi
