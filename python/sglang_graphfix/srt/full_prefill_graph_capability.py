@@ -306,27 +306,28 @@ KDA_CONDITIONS = (
 
 
 MAMBA2_FAMILY = "Mamba2/short-conv"
+# The mixers the captured extend does not run, and why (sglang 0.5.23):
+# MambaMixer1's extend reads the sequence lengths on the host
+# (.cpu().tolist()); ZAYA1's CCA extend and LFM2's bidirectional conv loop over
+# host-side slots and lengths. LFM2's causal conv (a kernel whose grid is the
+# request count) runs on per-bucket tables once LFM2_FULL_PREFILL_GRAPH is on.
 _MIXERS = {
-    "mamba1": "Mamba-1 mixer (MambaMixer1: Falcon-Mamba, Mamba)",
-    "short-conv": "short-conv layers (ShortConvAttnBackend: ZAYA1, LFM2's bidirectional encoder)",
-    "lfm2": "short-conv layers (ShortConvAttnBackend: LFM2)",
-    "lfm2-other": "short-conv layers (ShortConvAttnBackend: LFM2-MoE, LFM2-VL)",
-}
-# Why each is not captured (sglang 0.5.23): MambaMixer1's extend reads the
-# sequence lengths on the host (.cpu().tolist()); ZAYA1's CCA extend and LFM2's
-# bidirectional conv loop over host-side slots and lengths. LFM2's causal conv
-# (a kernel whose grid is the request count) runs on per-bucket tables once
-# LFM2_FULL_PREFILL_GRAPH is on.
-_MIXER_REASONS = {
-    "mamba1": "reads host-side sequence lengths",
-    "short-conv": "loop over host-side slots and lengths",
+    "mamba1": (
+        "Mamba-1 mixer (MambaMixer1: Falcon-Mamba, Mamba) reads host-side "
+        "sequence lengths"
+    ),
+    "short-conv": (
+        "short-conv layers (ShortConvAttnBackend: ZAYA1, LFM2's bidirectional "
+        "encoder) loop over host-side slots and lengths"
+    ),
     "lfm2": (
-        "run on per-bucket tables that no GPU check has covered yet "
-        "(LFM2_FULL_PREFILL_GRAPH)"
+        "short-conv layers (ShortConvAttnBackend: LFM2) run on per-bucket tables "
+        "that no GPU check has covered yet (LFM2_FULL_PREFILL_GRAPH)"
     ),
     "lfm2-other": (
-        "are not checked under a full graph (LFM2-MoE's fused conv sizes its "
-        "grid from host-side lengths; only dense LFM2 has a GPU case)"
+        "short-conv layers (ShortConvAttnBackend: LFM2-MoE, LFM2-VL) are not "
+        "checked under a full graph (LFM2-MoE's fused conv sizes its grid from "
+        "host-side lengths; only dense LFM2 has a GPU case)"
     ),
 }
 _PAGE_MAJOR = "--enable-page-major-kv-layout / --enable-unified-memory"
@@ -478,7 +479,7 @@ MAMBA2_CONDITIONS = (
         ),
         reason=lambda s: (
             f"the captured extend runs MambaMixer2 layers only; this model's "
-            f"{_MIXERS.get(s.mamba_mixer)} {_MIXER_REASONS.get(s.mamba_mixer)}"
+            f"{_MIXERS[s.mamba_mixer]}"
         ),
     ),
     # --enable-mixed-chunk makes the runner replay the full graph on
