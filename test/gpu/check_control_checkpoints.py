@@ -24,6 +24,7 @@ CHECKPOINTS = {
     "nemotron_h_groups8": lambda m, p: m.tiny_nemotron_h(p, "M-M*-", groups=8),
     "falcon_h1": lambda m, p: m.tiny_falcon_h1(p),
     "granite": lambda m, p: m.tiny_granite_moe_hybrid(p),
+    "lfm2": lambda m, p: m.tiny_lfm2(p),
 }
 
 

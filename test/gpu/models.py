@@ -295,3 +295,35 @@ def tiny_granite_moe_hybrid(path: Path) -> str:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(path)
     return str(path)
+
+
+def tiny_lfm2(path: Path) -> str:
+    """LFM2 (short-conv layers, conv cache of 3, around attention: "conv",
+    "full_attention", "conv", "conv"; hidden 256, 4 / 2 heads of 64) in
+    transformers' Lfm2Config, with its weights; bfloat16, as the full graph's
+    Mamba2/short-conv family is checked. Weights drawn at 1/sqrt(hidden) (0.0625,
+    a 256-wide layer's fan-in scale): at transformers' default 0.02, zeroing the
+    conv states after the prefill moved greedy logprobs by < 0.01 and never split
+    the tokens (test/gpu/check_control_checkpoints.py lfm2), under the tests'
+    tolerance, so a wrong conv state could not show; at 0.0625 it splits them at
+    the first or second decode step for 7, 64 and 255 tokens."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    config = transformers.Lfm2Config(
+        vocab_size=2048,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        layer_types=["conv", "full_attention", "conv", "conv"],
+        conv_L_cache=3,
+        max_position_embeddings=4096,
+        initializer_range=256**-0.5,
+    )
+    config.architectures = ["Lfm2ForCausalLM"]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(path)
+    return str(path)

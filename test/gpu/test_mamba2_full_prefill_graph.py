@@ -8,7 +8,9 @@ schedule off); NemotronH "M-M*-" (MLP layers), "M-M*E" (MLP and MoE layers)
 and GraniteMoeHybrid (Mamba2 layers without attention), for which sglang 0.5.23
 captures no prefill graph, with MAMBA2_LAYER_GAPS_CAPTURED (and, for the MoE
 layers, NEMOTRON_H_MOE_LAYERS_CAPTURED) on; NemotronH "M-M*-" with 8 groups
-(MAMBA2_CHECKED's group counts widened to 1 and 8) (CASES). docs/mamba2_full_prefill_graph.md,
+(MAMBA2_CHECKED's group counts widened to 1 and 8); LFM2 (short-conv layers,
+LFM2_FULL_PREFILL_GRAPH on, no_buffer: sglang has no mamba extra buffer for it)
+(CASES). docs/mamba2_full_prefill_graph.md,
 "What the GPU session must do", step 2, and what the first H200 run showed.
 
 The captured Mamba2 extend ships switched on (MAMBA2_FULL_PREFILL_GRAPH in
@@ -36,14 +38,15 @@ the decode steps: the Mamba2 branch must carry real weight there
 (tiny_falcon_h1's gated RMSNorm; on CPU, zeroing the Mamba2 states after the
 prefill splits greedy decoding of every prompt length of BATCHES for both
 checkpoints, logprobs moving 0.06-0.24 before the split, bf16 vs fp32 <= 0.007;
-for nemotron_h_mlp, nemotron_h_moe, nemotron_h_groups8 and granite_moe_hybrid, `python3
+for nemotron_h_mlp, nemotron_h_moe, nemotron_h_groups8, granite_moe_hybrid and lfm2, `python3
 test/gpu/check_control_checkpoints.py`: zeroed states split greedy decoding at
-the first decode step for prompts of 7, 64 and 255 tokens).
+the first decode step for prompts of 7, 64 and 255 tokens; lfm2 at the first or
+second, with its weights at 1/sqrt(hidden): tiny_lfm2).
 
-Three engines (eager, graph, faulted graph) per case, 18 in all: under a
+Three engines (eager, graph, faulted graph) per case: under a
 per-command time limit, run one model at a time (`-k "nemotron_h and not mlp
 and not moe"`, `-k nemotron_h_mlp`, `-k nemotron_h_moe`, `-k falcon_h1`,
-`-k granite`).
+`-k granite`, `-k lfm2`).
 
 Checked on CPU (nemotron_h_moe: only its weight names, against sglang's
 NemotronH expert mapping): the checkpoints load into sglang's own model classes with
@@ -68,6 +71,7 @@ from models import (
     chunk_256_batches,
     tiny_falcon_h1,
     tiny_granite_moe_hybrid,
+    tiny_lfm2,
     tiny_nemotron_h,
 )
 
@@ -91,7 +95,12 @@ MODELS = {
     "nemotron_h_groups8": lambda path: tiny_nemotron_h(path, "M-M*-", groups=8),
     "falcon_h1": tiny_falcon_h1,
     "granite_moe_hybrid": tiny_granite_moe_hybrid,
+    # Short-conv layers (LFM2_FULL_PREFILL_GRAPH), no mamba extra buffer in
+    # sglang for LFM2: no_buffer.
+    "lfm2": tiny_lfm2,
 }
+# The test probe's counter and fault family of each model's captured extend.
+FAMILY = {"lfm2": "short_conv"}
 
 # mamba_radix_cache_strategy -> the flags that select it (no_buffer: as sglang's
 # own "auto" resolution pairs it, with the overlap schedule off).
@@ -108,6 +117,7 @@ SWITCH = {
     "GRAPHFIX_PROBE_MAMBA2_LAYER_GAPS_CAPTURED": "1",
     "GRAPHFIX_PROBE_NEMOTRON_H_MOE_LAYERS_CAPTURED": "1",
     "GRAPHFIX_PROBE_MAMBA2_GROUPS": "1,8",
+    "GRAPHFIX_PROBE_LFM2_FULL_PREFILL_GRAPH": "1",
 }
 FULL = {"backend": "full", "bs": [16, 32, 64, 128, 256], "full_prefill_max_req": 4}
 
@@ -122,6 +132,7 @@ def mamba2_switch_in_this_process():
         "MAMBA2_FULL_PREFILL_GRAPH",
         "MAMBA2_LAYER_GAPS_CAPTURED",
         "NEMOTRON_H_MOE_LAYERS_CAPTURED",
+        "LFM2_FULL_PREFILL_GRAPH",
     )
     saved = {name: getattr(capability, name) for name in names}
     groups = capability.MAMBA2_CHECKED["groups"]
@@ -152,6 +163,7 @@ CASES = [
     pytest.param(
         ("granite_moe_hybrid", "extra_buffer"), id="granite_moe_hybrid-extra_buffer"
     ),
+    pytest.param(("lfm2", "no_buffer"), id="lfm2-no_buffer"),
 ]
 
 
@@ -197,19 +209,24 @@ def eager(model_path, strategy):
 
 
 @pytest.fixture(scope="module")
-def graph(model_path, strategy):
-    before = probe_count("mamba2_graph_replay")
-    captures = probe_count("mamba2_graph_capture")
+def family(model):
+    return FAMILY.get(model, "mamba2")
+
+
+@pytest.fixture(scope="module")
+def graph(model_path, strategy, family):
+    before = probe_count(f"{family}_graph_replay")
+    captures = probe_count(f"{family}_graph_capture")
     results = run_engine(
         _engine_kwargs(model_path, strategy, FULL),
         BATCHES,
         env=SWITCH,
         top_logprobs_num=TOPK,
     )
-    assert probe_count("mamba2_graph_capture") > captures, (
-        "the Mamba2 full prefill graph metadata was never filled for a capture"
+    assert probe_count(f"{family}_graph_capture") > captures, (
+        f"the {family} full prefill graph tables were never filled for a capture"
     )
-    return results, replays_per_batch(results, before, "mamba2_graph_replay")
+    return results, replays_per_batch(results, before, f"{family}_graph_replay")
 
 
 def test_full_prefill_graph_replays(graph):
@@ -231,14 +248,16 @@ def test_full_prefill_graph_matches_eager(graph, eager, model, strategy):
     assert_graph_matches_eager(report)
 
 
-def test_wrong_graph_state_changes_outputs(model_path, graph, eager, model, strategy):
+def test_wrong_graph_state_changes_outputs(
+    model_path, graph, eager, model, strategy, family
+):
     """Can-fail control: the graph engine again, with every replay's Mamba2 state
     indices pointed at the padding slot (test probe fault); its outputs must
     leave the tolerance on every batch that replayed."""
     results = run_engine(
         _engine_kwargs(model_path, strategy, FULL),
         BATCHES,
-        env={**SWITCH, "GRAPHFIX_PROBE_FAULT": "mamba2_wrong_state"},
+        env={**SWITCH, "GRAPHFIX_PROBE_FAULT": f"{family}_wrong_state"},
     )
     per_batch = [compare(e, f, tol=TOL) for e, f in zip(eager, results)]
     write_result(

@@ -105,6 +105,13 @@ MAMBA2_LAYER_GAPS_CAPTURED = True
 # GPU case (test/gpu/test_mamba2_full_prefill_graph.py's nemotron_h_moe); while
 # off, NemotronH with MoE layers is refused for the layer scan, as before.
 NEMOTRON_H_MOE_LAYERS_CAPTURED = False
+# LFM2's short-conv layers under the captured extend: sglang's CUDA conv kernel
+# (a grid of request rows, lengths read on the device) on per-bucket tables
+# (..layers.attention.linear.short_conv_backend). Off until an H200 runs the GPU
+# case (test/gpu/test_mamba2_full_prefill_graph.py's lfm2); while off, LFM2 is
+# refused as before. ZAYA1's short-conv extend loops over host-side slots and
+# stays refused either way.
+LFM2_FULL_PREFILL_GRAPH = False
 # What the H200 runs above covered: bfloat16 weights, one group (every case, the
 # kernel level included; the group counts a GPU case ran, GPU case
 # nemotron_h_groups8 waits for 8), float32 SSM and bfloat16 conv states
@@ -301,19 +308,26 @@ KDA_CONDITIONS = (
 MAMBA2_FAMILY = "Mamba2/short-conv"
 # The mixers the captured extend does not run, and why (sglang 0.5.23):
 # MambaMixer1's extend reads the sequence lengths on the host
-# (.cpu().tolist()); ZAYA1's CCA extend loops over host-side slots and lengths,
-# and LFM2's conv (a kernel whose grid is the request count) gets its
-# cu-seqlens, prefix mask and slots from the eager metadata, which
-# sglang-graphfix does not build per bucket for short convs.
+# (.cpu().tolist()); ZAYA1's CCA extend and LFM2's bidirectional conv loop over
+# host-side slots and lengths. LFM2's causal conv (a kernel whose grid is the
+# request count) runs on per-bucket tables once LFM2_FULL_PREFILL_GRAPH is on.
 _MIXERS = {
     "mamba1": (
         "Mamba-1 mixer (MambaMixer1: Falcon-Mamba, Mamba) reads host-side "
         "sequence lengths"
     ),
     "short-conv": (
-        "short-conv layers (ShortConvAttnBackend: LFM2, ZAYA1) get no per-bucket "
-        "extend metadata (cu-seqlens, prefix mask, state slots) under a full "
-        "prefill graph, and ZAYA1's extend loops over host-side slots and lengths"
+        "short-conv layers (ShortConvAttnBackend: ZAYA1, LFM2's bidirectional "
+        "encoder) loop over host-side slots and lengths"
+    ),
+    "lfm2": (
+        "short-conv layers (ShortConvAttnBackend: LFM2) run on per-bucket tables "
+        "that no GPU check has covered yet (LFM2_FULL_PREFILL_GRAPH)"
+    ),
+    "lfm2-other": (
+        "short-conv layers (ShortConvAttnBackend: LFM2-MoE, LFM2-VL) are not "
+        "checked under a full graph (LFM2-MoE's fused conv sizes its grid from "
+        "host-side lengths; only dense LFM2 has a GPU case)"
     ),
 }
 _PAGE_MAJOR = "--enable-page-major-kv-layout / --enable-unified-memory"
@@ -401,7 +415,21 @@ def layer_gap(model_config) -> LayerGap | None:
         return LayerGap("GraniteMoeHybrid's Mamba2 layers", _kept(mamba) or None)
     if isinstance(config, Mamba2Config):
         return LayerGap("any layer of a pure Mamba2 model", None)
+    if isinstance(config, (Lfm2Config, Lfm2MoeConfig, Lfm2VlConfig)):
+        # Every layer but "full_attention" holds `conv`, no attention module.
+        conv = sum(kind != "full_attention" for kind in _lfm2_layer_types(config))
+        if not conv:
+            return None
+        return LayerGap(
+            "LFM2's short-conv layers",
+            _kept(conv) if LFM2_FULL_PREFILL_GRAPH else None,
+        )
     return None
+
+
+def _lfm2_layer_types(config) -> list:
+    text = getattr(config, "text_config", None) or config
+    return list(getattr(text, "layer_types", None) or [])
 
 
 def _kept(layers: int) -> int | None:
@@ -444,7 +472,11 @@ MAMBA2_CONDITIONS = (
     ),
     Condition(
         setting="Mamba2/short-conv (mixer)",
-        violated=lambda s: _mamba2_extend_captured(s) and s.mamba_mixer in _MIXERS,
+        violated=lambda s: (
+            _mamba2_extend_captured(s)
+            and s.mamba_mixer in _MIXERS
+            and not (s.mamba_mixer == "lfm2" and LFM2_FULL_PREFILL_GRAPH)
+        ),
         reason=lambda s: (
             f"the captured extend runs MambaMixer2 layers only; this model's "
             f"{_MIXERS[s.mamba_mixer]}"
@@ -599,7 +631,15 @@ def mamba_mixer_of_config(model_config) -> str | None:
     config = mamba2_config(model_config)
     if config is None:
         return None
-    if isinstance(config, (ZayaConfig, Lfm2Config, Lfm2MoeConfig, Lfm2VlConfig)):
+    if isinstance(config, (Lfm2Config, Lfm2MoeConfig, Lfm2VlConfig)):
+        architectures = getattr(model_config.hf_config, "architectures", None) or []
+        if any("Bidirectional" in a for a in architectures):
+            return "short-conv"
+        dense = type(config) is Lfm2Config and isinstance(
+            model_config.hf_config, Lfm2Config
+        )
+        return "lfm2" if dense else "lfm2-other"
+    if isinstance(config, ZayaConfig):
         return "short-conv"
     if isinstance(config, (MambaConfig, FalconMambaConfig)):
         return "mamba1"
@@ -607,20 +647,30 @@ def mamba_mixer_of_config(model_config) -> str | None:
 
 
 def _model_config_of_backend(linear):
-    """The model config a live Mamba2 backend was built for (its model runner's)."""
-    if not isinstance(linear, Mamba2AttnBackend):
+    """The model config a live Mamba2 or short-conv backend was built for (its
+    model runner's)."""
+    if not isinstance(linear, (Mamba2AttnBackend, ShortConvAttnBackend)):
         return None
     model_runner = getattr(linear, "_model_runner", None)
     return getattr(model_runner, "model_config", None)
 
 
+def is_lfm2_short_conv(linear) -> bool:
+    """A live backend of dense LFM2's short-conv layers (not Inkling's
+    subclass, not ZAYA1, not LFM2-MoE / LFM2-VL)."""
+    return (
+        type(linear) is ShortConvAttnBackend
+        and _mamba_mixer_of_backend(linear) == "lfm2"
+    )
+
+
 def _mamba_mixer_of_backend(linear) -> str | None:
-    if isinstance(linear, ShortConvAttnBackend):
-        return "short-conv"
-    if not isinstance(linear, Mamba2AttnBackend):
+    if not isinstance(linear, (Mamba2AttnBackend, ShortConvAttnBackend)):
         return None
     model_config = _model_config_of_backend(linear)
-    return mamba_mixer_of_config(model_config) if model_config else "mamba2"
+    if model_config is None:  # unknown: the backend's own kind
+        return "short-conv" if isinstance(linear, ShortConvAttnBackend) else "mamba2"
+    return mamba_mixer_of_config(model_config)
 
 
 def _is_inkling(model_config) -> bool:

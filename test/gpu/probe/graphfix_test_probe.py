@@ -8,6 +8,8 @@ Counts, in files under GRAPHFIX_PROBE_DIR (one byte per event):
   mamba2_graph_capture / mamba2_graph_replay
                                          the same for Mamba2 (the bucket's
                                          Mamba2FullGraphMetadata refilled)
+  short_conv_graph_capture / short_conv_graph_replay
+                                         the same for LFM2's short conv
   dsa_lora_head_gate                     Indexer._get_logits_head_gate with a
                                          LoRA-owned weights_proj (only the graph
                                          split op calls it so)
@@ -23,6 +25,7 @@ Counts, in files under GRAPHFIX_PROBE_DIR (one byte per event):
 Faults (GRAPHFIX_PROBE_FAULT), each pointing every real request of a graph
 replay at the padding state slot (a wrong state-index table), so the tests can
 show their comparison fails: gdn_wrong_state (GDN), kda_wrong_state (KDA),
+short_conv_wrong_state (LFM2: the tables' cache_indices),
 mamba2_wrong_state (Mamba2: the tables' cache_indices, which the conv and the
 SSD read initial states from and write final states to, and the final-state
 snapshot copies from; a request stays consistent with itself across its
@@ -31,7 +34,8 @@ never-written slot).
 GRAPHFIX_PROBE_FLASHINFER_GDN_CAPTURE_SM=<sm>,
 GRAPHFIX_PROBE_MAMBA2_FULL_PREFILL_GRAPH=1,
 GRAPHFIX_PROBE_MAMBA2_LAYER_GAPS_CAPTURED=1 and
-GRAPHFIX_PROBE_NEMOTRON_H_MOE_LAYERS_CAPTURED=1 set those switches, and
+GRAPHFIX_PROBE_NEMOTRON_H_MOE_LAYERS_CAPTURED=1 and
+GRAPHFIX_PROBE_LFM2_FULL_PREFILL_GRAPH=1 set those switches, and
 GRAPHFIX_PROBE_MAMBA2_GROUPS=1,8 the group counts of MAMBA2_CHECKED, of
 full_prefill_graph_capability in every process that loads the plugins (set them
 before the test process's first engine, whose resolution judges Mamba2 too; a
@@ -69,6 +73,8 @@ def register():
         capability.MAMBA2_LAYER_GAPS_CAPTURED = True
     if os.environ.get("GRAPHFIX_PROBE_NEMOTRON_H_MOE_LAYERS_CAPTURED"):
         capability.NEMOTRON_H_MOE_LAYERS_CAPTURED = True
+    if os.environ.get("GRAPHFIX_PROBE_LFM2_FULL_PREFILL_GRAPH"):
+        capability.LFM2_FULL_PREFILL_GRAPH = True
     groups = os.environ.get("GRAPHFIX_PROBE_MAMBA2_GROUPS")
     if groups:
         capability.MAMBA2_CHECKED["groups"] = tuple(map(int, groups.split(",")))
@@ -86,6 +92,7 @@ def register():
         ("gdn", "prepare_full_prefill_graph_tables"),
         ("kda", "prepare_kda_full_prefill_graph_tables"),
         ("mamba2", "prepare_mamba2_full_prefill_graph_metadata"),
+        ("short_conv", "prepare_short_conv_full_prefill_graph_tables"),
     ):
         setattr(
             hybrid,
@@ -128,7 +135,8 @@ def _counted_fill(fill, family, wrong_state):
         _bump(f"{family}_graph_capture" if in_capture else f"{family}_graph_replay")
         if wrong_state and not in_capture:
             # Mamba2: Mamba2FullGraphMetadata, whose mamba_cache_indices are
-            # its tables' cache_indices (one tensor, read by the whole extend).
+            # its tables' cache_indices (one tensor, read by the whole extend);
+            # short conv: its tables' (padding rows, PAD_SLOT_ID, stay skipped).
             indices = (meta.tables if family == "mamba2" else meta).cache_indices
             indices.masked_fill_(indices >= 0, 0)
         return meta

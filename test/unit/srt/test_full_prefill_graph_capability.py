@@ -68,6 +68,12 @@ def model_dirs(tmp_path_factory):
         config.dtype = torch.bfloat16
         config.save_pretrained(root / name)
         dirs[name] = str(root / name)
+    lfm2 = FAMILIES["lfm2"][0]()
+    lfm2.layer_types = ["conv", "full_attention", "conv"]
+    lfm2.num_hidden_layers = 3
+    lfm2.architectures = ["Lfm2ForCausalLM"]
+    lfm2.save_pretrained(root / "lfm2_3_layers")
+    dirs["lfm2_3_layers"] = str(root / "lfm2_3_layers")
     falcon = FAMILIES["falcon_h1"][0]()
     falcon.mamba_n_groups = 2
     falcon.architectures = ["FalconH1ForCausalLM"]
@@ -217,7 +223,7 @@ def test_explicit_full_is_refused_at_config_time(model_dirs, monkeypatch, case_i
         assert "has no capturable extend" in message
     if case_id == MAMBA2_MIXER:
         assert "runs MambaMixer2 layers only" in message
-        assert "short-conv layers (ShortConvAttnBackend: LFM2, ZAYA1) get no per-bucket extend metadata" in message  # fmt: skip
+        assert "short-conv layers (ShortConvAttnBackend: LFM2) run on per-bucket tables that no GPU check has covered yet (LFM2_FULL_PREFILL_GRAPH)" in message  # fmt: skip
     if case_id == "--enable-mixed-chunk":
         assert "drop --enable-mixed-chunk" in message
     if case_id == "--enable-two-batch-overlap":
@@ -553,6 +559,43 @@ def test_nemotron_h_moe_layers_with_their_switch(model_dirs, monkeypatch):
     monkeypatch.setattr(capability, "NEMOTRON_H_MOE_LAYERS_CAPTURED", True)
     assert capability.layer_gap(model_config).full_graph_layers == 2
     assert outcome() == Backend.FULL
+
+
+def test_lfm2_with_its_switch(model_dirs, monkeypatch):
+    """LFM2's short-conv layers: refused as shipped (LFM2_FULL_PREFILL_GRAPH off,
+    no GPU case run yet), naming the switch; with it on, captured (as checked:
+    bfloat16, flashinfer attention). ZAYA1's stay refused either way (Settings:
+    no ZAYA1 sample config)."""
+    assert capability.LFM2_FULL_PREFILL_GRAPH is False
+    case = ("lfm2", {"dtype": "bfloat16", "attention_backend": "flashinfer"}, {}, True, "h200")  # fmt: skip
+
+    def outcome():
+        try:
+            return prefill_backend(resolve(model_dirs, case))
+        except ValueError as err:
+            return " ".join(str(err).split())
+
+    with case_env(monkeypatch, case, MAMBA2_MIXER):
+        refused = outcome()
+        assert "no GPU check has covered yet (LFM2_FULL_PREFILL_GRAPH)" in refused
+        # sglang's prefill graph setup finds no attention module in its conv
+        # layers (they hold `conv`): no prefill graph upstream, as for Granite.
+        assert "finds no attention module in LFM2's short-conv layers" in refused
+        monkeypatch.setattr(capability, "LFM2_FULL_PREFILL_GRAPH", True)
+        # Every layer but "full_attention" is a conv layer.
+        lfm2 = model_config_of(ServerArgs(model_path=model_dirs["lfm2_3_layers"]))
+        assert capability.layer_gap(lfm2).full_graph_layers == 2
+        assert capability.mamba_mixer_of_config(lfm2) == "lfm2"
+        lfm2.hf_config.architectures = ["Lfm2BidirectionalModel"]  # host loops
+        assert capability.mamba_mixer_of_config(lfm2) == "short-conv"
+        assert outcome() == Backend.FULL
+        zaya = capability.Settings(
+            architecture="ZayaForCausalLM", family=capability.MAMBA2_FAMILY,
+            mamba_mixer="short-conv",
+        )  # fmt: skip
+        support = capability.judge(zaya)
+        assert MAMBA2_MIXER in support.violated
+        assert "(ShortConvAttnBackend: ZAYA1, LFM2's bidirectional encoder) loop over host-side slots and lengths" in support.reasons[0]  # fmt: skip
 
 
 def test_mamba2_group_counts_a_gpu_case_ran(model_dirs, monkeypatch):

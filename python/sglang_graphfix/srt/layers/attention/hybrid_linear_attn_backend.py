@@ -31,6 +31,9 @@ from sglang_graphfix.srt.layers.attention.linear.gdn_backend import (
 from sglang_graphfix.srt.layers.attention.linear.kda_backend import (
     prepare_kda_full_prefill_graph_tables,
 )
+from sglang_graphfix.srt.layers.attention.linear.short_conv_backend import (
+    prepare_short_conv_full_prefill_graph_tables,
+)
 from sglang_graphfix.srt.layers.attention.mamba.mamba2_prefill_graph import (
     TRACK_FINAL_STATE,
     TRACK_GRID_STATE,
@@ -41,7 +44,8 @@ from sglang_graphfix.srt.layers.attention.mamba.mamba2_prefill_graph import (
 
 # What:    Wraps HybridLinearAttnBackend.init_forward_metadata_out_graph for a
 #          plain EXTEND on a GDN or KDA model, or a Mamba2 model under
-#          MAMBA2_FULL_PREFILL_GRAPH (the full prefill graph's capture/replay).
+#          MAMBA2_FULL_PREFILL_GRAPH (LFM2's short conv under
+#          LFM2_FULL_PREFILL_GRAPH too): the full prefill graph's capture/replay.
 # Why:     The linear side's _replay_metadata handles decode/verify only and
 #          reads state_indices_list[bs - 1], which nothing has allocated when the
 #          prefill graph captures (before the decode runner):
@@ -50,7 +54,9 @@ from sglang_graphfix.srt.layers.attention.mamba.mamba2_prefill_graph import (
 #          per-token-bucket tables (GDN: prepare_full_prefill_graph_tables; KDA:
 #          upstream's breakable-graph tables, prepare_kda_full_prefill_graph_tables;
 #          Mamba2: prepare_mamba2_full_prefill_graph_metadata, the forward
-#          metadata upstream's MambaMixer2 extend runs on). Decode's
+#          metadata upstream's MambaMixer2 extend runs on; LFM2:
+#          prepare_short_conv_full_prefill_graph_tables, what its conv layers
+#          read through conv_state_metadata). Decode's
 #          per-batch-size buffers stay decode's. Every other mode and backend,
 #          including Inkling's capturable sidecar, takes the upstream path.
 # Upstream: sglang/srt/layers/attention/hybrid_linear_attn_backend.py::HybridLinearAttnBackend.init_forward_metadata_out_graph
@@ -62,13 +68,22 @@ def linear_extend_tables_for_full_prefill_graph(
     mamba2 = (
         isinstance(linear, Mamba2AttnBackend) and capability.MAMBA2_FULL_PREFILL_GRAPH
     )
+    short_conv = (
+        capability.MAMBA2_FULL_PREFILL_GRAPH
+        and capability.LFM2_FULL_PREFILL_GRAPH
+        and capability.is_lfm2_short_conv(linear)
+    )
     if not (
-        (mamba2 or isinstance(linear, (GDNAttnBackend, KDAAttnBackend)))
+        (mamba2 or short_conv or isinstance(linear, (GDNAttnBackend, KDAAttnBackend)))
         and HybridLinearAttnBackend._is_plain_extend(forward_batch)
     ):
         return original(self, forward_batch, in_capture=in_capture)
     _plan_full_attention_extend(self.full_attn_backend, forward_batch, in_capture)
-    if mamba2:
+    if short_conv:
+        prepare_short_conv_full_prefill_graph_tables(
+            linear, forward_batch, in_capture=in_capture
+        )
+    elif mamba2:
         prepare_mamba2_full_prefill_graph_metadata(
             linear, forward_batch, in_capture=in_capture
         )
