@@ -156,9 +156,8 @@ def nemotron_h_8b(path: Path) -> None:
     of 32 / 8 heads of 128, 24 MLP of 21504, relu2), hidden 4096, Mamba2 with
     128 heads of 64 in 8 groups, state 128, chunk 128; vocab 131072, bfloat16
     (sglang's NemotronHConfig defaults, with the checkpoint's groups, chunk and
-    context). 8 groups: the full prefill graph refuses it until the GPU case
-    test_mamba2_full_prefill_graph.py -k nemotron_h_groups8 passes and
-    MAMBA2_CHECKED admits 8 groups."""
+    context). 8 groups: checked on the H200 by the GPU case
+    test_mamba2_full_prefill_graph.py -k nemotron_h_groups8 (MAMBA2_CHECKED)."""
     from sglang.srt.configs.nemotron_h import NemotronHConfig
 
     config = NemotronHConfig(

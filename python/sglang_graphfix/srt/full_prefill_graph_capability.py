@@ -84,8 +84,8 @@ KDA_FULL_PREFILL_GRAPH = True
 # NemotronH "M*M" (extra buffer and no buffer) and Falcon-H1 engines, graph vs
 # eager within 0.008, each with a wrong-state control that diverged. Only what
 # those runs covered captures (MAMBA2_CHECKED, the --dtype and groups / state
-# conditions); False refuses the family as a whole again. LFM2/ZAYA1 short-conv
-# and Mamba-1 stay refused.
+# conditions); False refuses the family as a whole again. ZAYA1's short conv
+# and Mamba-1 stay refused; LFM2's has its own switch (LFM2_FULL_PREFILL_GRAPH).
 MAMBA2_FULL_PREFILL_GRAPH = True
 # NemotronH's MLP and MoE layers and GraniteMoeHybrid's Mamba2 layers hold no
 # attention module, so sglang's prefill graph setup turns every prefill graph off
@@ -107,18 +107,21 @@ MAMBA2_LAYER_GAPS_CAPTURED = True
 NEMOTRON_H_MOE_LAYERS_CAPTURED = False
 # LFM2's short-conv layers under the captured extend: sglang's CUDA conv kernel
 # (a grid of request rows, lengths read on the device) on per-bucket tables
-# (..layers.attention.linear.short_conv_backend). Off until an H200 runs the GPU
-# case (test/gpu/test_mamba2_full_prefill_graph.py's lfm2); while off, LFM2 is
-# refused as before. ZAYA1's short-conv extend loops over host-side slots and
-# stays refused either way.
-LFM2_FULL_PREFILL_GRAPH = False
+# (..layers.attention.linear.short_conv_backend). On since the H200 run of the
+# GPU case (test/gpu/test_mamba2_full_prefill_graph.py's lfm2, 2026-12-02: tiny
+# dense LFM2, graph vs eager on the same kernels with no token mismatch over 104
+# steps, logprobs within 0.016, the wrong-state control diverging); False
+# refuses LFM2 again, as before. ZAYA1's short-conv extend loops over host-side
+# slots and stays refused either way.
+LFM2_FULL_PREFILL_GRAPH = True
 # What the H200 runs above covered: bfloat16 weights, one group (every case, the
-# kernel level included; the group counts a GPU case ran, GPU case
-# nemotron_h_groups8 waits for 8), float32 SSM and bfloat16 conv states
-# (sglang's defaults, mamba2_state_dtype), flashinfer attention.
+# kernel level included) and 8 (NemotronH "M-M*-", GPU case nemotron_h_groups8,
+# 2026-12-02: graph vs eager with no token mismatch over 104 steps, logprobs
+# within 0.0078, the wrong-state control diverging), float32 SSM and bfloat16
+# conv states (sglang's defaults, mamba2_state_dtype), flashinfer attention.
 MAMBA2_CHECKED = {
     "dtype": "bfloat16",
-    "groups": (1,),
+    "groups": (1, 8),
     "state": ("float32", "bfloat16"),
     # The Mamba2 engines ran flashinfer; fa3 under a full graph was checked on
     # GDN models only.
@@ -310,7 +313,7 @@ MAMBA2_FAMILY = "Mamba2/short-conv"
 # MambaMixer1's extend reads the sequence lengths on the host
 # (.cpu().tolist()); ZAYA1's CCA extend and LFM2's bidirectional conv loop over
 # host-side slots and lengths. LFM2's causal conv (a kernel whose grid is the
-# request count) runs on per-bucket tables once LFM2_FULL_PREFILL_GRAPH is on.
+# request count) runs on per-bucket tables while LFM2_FULL_PREFILL_GRAPH is on.
 _MIXERS = {
     "mamba1": (
         "Mamba-1 mixer (MambaMixer1: Falcon-Mamba, Mamba) reads host-side "
@@ -322,7 +325,7 @@ _MIXERS = {
     ),
     "lfm2": (
         "short-conv layers (ShortConvAttnBackend: LFM2) run on per-bucket tables "
-        "that no GPU check has covered yet (LFM2_FULL_PREFILL_GRAPH)"
+        "that are switched off here (LFM2_FULL_PREFILL_GRAPH)"
     ),
     "lfm2-other": (
         "short-conv layers (ShortConvAttnBackend: LFM2-MoE, LFM2-VL) are not "
@@ -690,7 +693,8 @@ def _registry_defined(model_config) -> bool:
 #            (InklingShortConvAttnBackend.init_forward_metadata_in_graph);
 #   Mamba2/short-conv  upstream's MambaMixer2 extend on static per-bucket
 #            metadata, behind MAMBA2_FULL_PREFILL_GRAPH (off: refused as a
-#            whole); short-conv (LFM2, ZAYA1) and Mamba-1 stay refused.
+#            whole); LFM2's short conv on per-bucket tables
+#            (LFM2_FULL_PREFILL_GRAPH); ZAYA1's and Mamba-1 stay refused.
 # Lightning and registry-defined backends size their extend launches from host
 # data.
 LINEAR_FAMILIES = (

@@ -55,12 +55,13 @@ def model_dirs(tmp_path_factory):
     dirs = {family: write_config(family, root / family) for family in families}
     # NemotronH of Mamba2 and attention layers only: sglang's prefill graph
     # setup finds an attention module in each (tiny_configs' "M*M-" has an MLP);
-    # bfloat16 and one group, as the H200 runs checked (MAMBA2_CHECKED), and
-    # with 8 groups; and one with an MLP and a MoE layer (in which the setup finds
+    # bfloat16 and one group, as the H200 runs checked (MAMBA2_CHECKED), with
+    # 8 groups (checked too) and 2 (not); and one with an MLP and a MoE layer (in which the setup finds
     # none).
     for name, pattern, groups in (
         ("nemotron_h_no_mlp", "M*M", 1),
         ("nemotron_h_no_mlp_8_groups", "M*M", 8),
+        ("nemotron_h_no_mlp_2_groups", "M*M", 2),
         ("nemotron_h_mlp_moe", "M-M*E", 1),
     ):
         config = _nemotron_h(hybrid_override_pattern=pattern, mamba_n_groups=groups)
@@ -105,7 +106,7 @@ CASES = {
     "--enable-two-batch-overlap": ("nemotron_h_no_mlp", {"attention_backend": "flashinfer", "enable_two_batch_overlap": True}, {}, True, "h200"),
     "--dtype": ("nemotron_h_no_mlp", {"dtype": "float16", "attention_backend": "flashinfer"}, {}, True, "h200"),
     MAMBA2_ATTENTION: ("nemotron_h_no_mlp", {"attention_backend": "fa3"}, {}, True, "h200"),
-    MAMBA2_GROUPS: ("nemotron_h_no_mlp_8_groups", {"attention_backend": "flashinfer"}, {}, True, "h200"),
+    MAMBA2_GROUPS: ("nemotron_h_no_mlp_2_groups", {"attention_backend": "flashinfer"}, {}, True, "h200"),
     MAMBA2_STATE: ("nemotron_h_no_mlp", {"attention_backend": "flashinfer", "mamba_ssm_dtype": "bfloat16"}, {}, True, "h200"),
 }  # fmt: skip
 EXTRA_CASES = {
@@ -177,6 +178,8 @@ def case_env(monkeypatch, case, case_id=None):
         m.setattr(
             capability, "MAMBA2_LAYER_GAPS_CAPTURED", case_id not in LAYER_GAPS_OFF
         )
+        # The mixer case's LFM2 is refused for its mixer with its switch off.
+        m.setattr(capability, "LFM2_FULL_PREFILL_GRAPH", case_id != MAMBA2_MIXER)
         yield
 
 
@@ -223,7 +226,7 @@ def test_explicit_full_is_refused_at_config_time(model_dirs, monkeypatch, case_i
         assert "has no capturable extend" in message
     if case_id == MAMBA2_MIXER:
         assert "runs MambaMixer2 layers only" in message
-        assert "short-conv layers (ShortConvAttnBackend: LFM2) run on per-bucket tables that no GPU check has covered yet (LFM2_FULL_PREFILL_GRAPH)" in message  # fmt: skip
+        assert "short-conv layers (ShortConvAttnBackend: LFM2) run on per-bucket tables that are switched off here (LFM2_FULL_PREFILL_GRAPH)" in message  # fmt: skip
     if case_id == "--enable-mixed-chunk":
         assert "drop --enable-mixed-chunk" in message
     if case_id == "--enable-two-batch-overlap":
@@ -246,8 +249,7 @@ def test_explicit_full_is_refused_at_config_time(model_dirs, monkeypatch, case_i
         assert "with the flashinfer attention backend only, not fa3" in message
         assert "set --attention-backend flashinfer" in message
     if _setting(case_id) == MAMBA2_GROUPS:
-        groups = 2 if case_id.endswith("(Falcon-H1)") else 8
-        assert f"checked on a GPU with 1 group only; this model's Mamba2 layers have {groups}" in message  # fmt: skip
+        assert "checked on a GPU with 1 or 8 groups only; this model's Mamba2 layers have 2" in message  # fmt: skip
         assert "keep it" not in message
     if case_id == MAMBA2_STATE:
         assert "float32 SSM / bfloat16 conv states only; this server has bfloat16 / bfloat16" in message  # fmt: skip
@@ -562,11 +564,11 @@ def test_nemotron_h_moe_layers_with_their_switch(model_dirs, monkeypatch):
 
 
 def test_lfm2_with_its_switch(model_dirs, monkeypatch):
-    """LFM2's short-conv layers: refused as shipped (LFM2_FULL_PREFILL_GRAPH off,
-    no GPU case run yet), naming the switch; with it on, captured (as checked:
-    bfloat16, flashinfer attention). ZAYA1's stay refused either way (Settings:
-    no ZAYA1 sample config)."""
-    assert capability.LFM2_FULL_PREFILL_GRAPH is False
+    """LFM2's short-conv layers: captured as shipped (LFM2_FULL_PREFILL_GRAPH on
+    since the GPU case lfm2 passed on the H200; as checked: bfloat16, flashinfer
+    attention); with the switch off, refused naming it. ZAYA1's stay refused
+    either way (Settings: no ZAYA1 sample config)."""
+    assert capability.LFM2_FULL_PREFILL_GRAPH is True
     case = ("lfm2", {"dtype": "bfloat16", "attention_backend": "flashinfer"}, {}, True, "h200")  # fmt: skip
 
     def outcome():
@@ -575,13 +577,13 @@ def test_lfm2_with_its_switch(model_dirs, monkeypatch):
         except ValueError as err:
             return " ".join(str(err).split())
 
-    with case_env(monkeypatch, case, MAMBA2_MIXER):
+    with case_env(monkeypatch, case, MAMBA2_MIXER):  # the switch off
         refused = outcome()
-        assert "no GPU check has covered yet (LFM2_FULL_PREFILL_GRAPH)" in refused
+        assert "are switched off here (LFM2_FULL_PREFILL_GRAPH)" in refused
         # sglang's prefill graph setup finds no attention module in its conv
         # layers (they hold `conv`): no prefill graph upstream, as for Granite.
         assert "finds no attention module in LFM2's short-conv layers" in refused
-        monkeypatch.setattr(capability, "LFM2_FULL_PREFILL_GRAPH", True)
+        capability.LFM2_FULL_PREFILL_GRAPH = True  # case_env restores it
         # Every layer but "full_attention" is a conv layer.
         lfm2 = model_config_of(ServerArgs(model_path=model_dirs["lfm2_3_layers"]))
         assert capability.layer_gap(lfm2).full_graph_layers == 2
@@ -599,11 +601,12 @@ def test_lfm2_with_its_switch(model_dirs, monkeypatch):
 
 
 def test_mamba2_group_counts_a_gpu_case_ran(model_dirs, monkeypatch):
-    """MAMBA2_CHECKED's groups are the counts a GPU case ran: 8 groups are
-    refused as shipped, captured once 8 is among them (as the 8-group GPU case's
-    probe sets it), and another count is refused naming both."""
-    assert capability.MAMBA2_CHECKED["groups"] == (1,)
-    nemotron = ALL_CASES[MAMBA2_GROUPS]
+    """MAMBA2_CHECKED's groups are the counts a GPU case ran (1, and 8 since
+    nemotron_h_groups8 passed on the H200): 8 groups capture, another count is
+    refused naming them, and without 8 among them 8 groups are refused."""
+    assert capability.MAMBA2_CHECKED["groups"] == (1, 8)
+    two = ALL_CASES[MAMBA2_GROUPS]
+    eight = ("nemotron_h_no_mlp_8_groups", *two[1:])
     falcon = ALL_CASES[f"{MAMBA2_GROUPS} (Falcon-H1)"]  # 2 groups
 
     def outcome(case):
@@ -612,13 +615,12 @@ def test_mamba2_group_counts_a_gpu_case_ran(model_dirs, monkeypatch):
         except ValueError as err:
             return " ".join(str(err).split())
 
-    with case_env(monkeypatch, nemotron, MAMBA2_GROUPS):
-        assert "with 1 group only; this model's Mamba2 layers have 8" in outcome(
-            nemotron
-        )
-        monkeypatch.setitem(capability.MAMBA2_CHECKED, "groups", (1, 8))
-        assert outcome(nemotron) == Backend.FULL
+    with case_env(monkeypatch, two, MAMBA2_GROUPS):
+        assert outcome(eight) == Backend.FULL
+        assert "with 1 or 8 groups only; this model's Mamba2 layers have 2" in outcome(two)  # fmt: skip
         assert "with 1 or 8 groups only; this model's Mamba2 layers have 2" in outcome(falcon)  # fmt: skip
+        monkeypatch.setitem(capability.MAMBA2_CHECKED, "groups", (1,))
+        assert "with 1 group only; this model's Mamba2 layers have 8" in outcome(eight)
 
 
 def test_pure_mamba2_stays_refused_with_layer_gaps_captured(monkeypatch):

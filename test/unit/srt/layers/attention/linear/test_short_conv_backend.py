@@ -88,8 +88,8 @@ def _runtime(case, lfm2_switch=True):
     return stack
 
 
-def test_lfm2_switch_ships_off():
-    assert capability.LFM2_FULL_PREFILL_GRAPH is False
+def test_lfm2_switch_ships_on():
+    assert capability.LFM2_FULL_PREFILL_GRAPH is True
 
 
 def test_plain_extend_on_lfm2_runs_on_the_buckets_static_tables(lfm2_config):
