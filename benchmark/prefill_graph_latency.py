@@ -198,6 +198,9 @@ def _specs() -> dict:
             "buffer's prefix-cache state tracking, as served)",
             "served": True,
             "shapes": SERVED_SHAPES,
+            # The captured graph, which sglang-graphfix runs as breakable on this
+            # model as shipped (MAMBA2_FULL_BEATS_BREAKABLE; the test probe sets it).
+            "switches": {"MAMBA2_FULL_BEATS_BREAKABLE": True},
             "kwargs": {
                 "model_path": _served_checkpoint("falcon_h1_7b"),
                 "load_format": "dummy",
@@ -219,6 +222,19 @@ def _specs() -> dict:
             },
         },
     }
+
+
+def switches(model: dict) -> dict:
+    """Set the model's capability switches in this process (sglang.Engine
+    resolves its arguments here) and return the test probe's variables that set
+    them in the engine processes (test/gpu/probe, on their path via run_engine)."""
+    from sglang_graphfix.srt import full_prefill_graph_capability as capability
+
+    env = {}
+    for name, value in model.get("switches", {}).items():
+        setattr(capability, name, value)
+        env[f"GRAPHFIX_PROBE_{name}"] = "1"
+    return env
 
 
 def profile_backend(
@@ -254,6 +270,7 @@ def profile_backend(
             "GRAPHFIX_BENCH_PROFILE": work / "profile",
             "GRAPHFIX_BENCH_PROFILE_SKIP": PROFILE_SKIP,
             "GRAPHFIX_BENCH_PROFILE_COUNT": PROFILE_COUNT,
+            **switches(model),
         },
     )
     profiled = read_profiles(work / "profile")

@@ -39,6 +39,7 @@ _ATTN = _SRT + "layers.attention."
 
 PATCHES = (
     # Hybrid linear attention under a full prefill CUDA graph.
+    Patch(_ARGS + "finalize_cuda_graph_prefill_max_context", cuda_graph_hook.route_mamba2_full_prefill_to_breakable, HookType.AROUND),
     Patch(_ARGS + "finalize_cuda_graph_prefill_max_context", cuda_graph_hook.judge_prefill_graph_on_final_settings, HookType.AROUND),
     Patch(_ARGS + "finalize_cuda_graph_prefill_max_context", cuda_graph_hook.hybrid_full_prefill_request_slots, HookType.AROUND),
     Patch(_ARGS + "finalize_cuda_graph_prefill_max_context", cuda_graph_hook.cap_prefill_batches_at_request_slots, HookType.AROUND),

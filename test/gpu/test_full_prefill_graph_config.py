@@ -1,12 +1,13 @@
 """A full prefill CUDA graph decided when sglang.Engine resolves its arguments:
 
 * refused with a ValueError before any weights load (config-only model dirs)
-  where it cannot capture: Mamba2 hybrids (NemotronH "M*", Falcon-H1) with
-  flashinfer outside the configurations checked on a GPU (these configs name no
-  dtype, so sglang serves them in float16; NemotronH's has 8 groups), and GDN
-  (Qwen3-Next) with the triton attention backend. Upstream 0.5.23 accepts all
-  three and fails during capture (IndexError in
-  HybridLinearAttnBackend._replay_metadata / "Invalid forward mode").
+  where it cannot capture: a Mamba2 hybrid (NemotronH "M*M-") with flashinfer
+  outside the configurations checked on a GPU (the config names no dtype, so
+  sglang serves it in float16), and GDN (Qwen3-Next) with the triton attention
+  backend. Upstream 0.5.23 accepts both and fails during capture (IndexError in
+  HybridLinearAttnBackend._replay_metadata / "Invalid forward mode"). (Falcon-H1
+  and NemotronH without MLP layers run breakable instead, before any judgement:
+  test/unit/srt/arg_groups/test_cuda_graph_hook.py.)
 * untouched where it can: a tiny random Llama with flashinfer captures the full
   prefill graph, replays it, and matches the same engine with the prefill graph
   disabled (greedy tokens and logprobs, and the prefill's top-20 logprobs). The
@@ -43,23 +44,12 @@ CAPS = {
 FULL = {"backend": "full", "bs": [16, 32, 64, 128, 256], "full_prefill_max_req": 4}
 
 
-def _nemotron_h_m_star(path):
-    """NemotronH with hybrid_override_pattern "M*": one Mamba2 layer, one attention."""
-    write_config("nemotron_h", path)
-    config_file = path / "config.json"
-    fields = json.loads(config_file.read_text())
-    fields.update(hybrid_override_pattern="M*", num_hidden_layers=2)
-    config_file.write_text(json.dumps(fields, indent=2))
-    return str(path)
-
-
 # Mamba2: refused outside the configuration the H200 runs checked (these configs
 # name no dtype: sglang serves them in float16).
 _MAMBA2_DTYPE = "checked on a GPU in bfloat16 only; this model serves in float16"
 REFUSED = {
     # name: (config-only model dir builder, attention backend, what the error names)
-    "nemotron_h_m_star": (_nemotron_h_m_star, "flashinfer", ["NemotronHForCausalLM", "Mamba2/short-conv", _MAMBA2_DTYPE, "have 8"]),
-    "falcon_h1": (lambda p: write_config("falcon_h1", p), "flashinfer", ["FalconH1ForCausalLM", "Mamba2/short-conv", _MAMBA2_DTYPE]),
+    "nemotron_h": (lambda p: write_config("nemotron_h", p), "flashinfer", ["NemotronHForCausalLM", "Mamba2/short-conv", _MAMBA2_DTYPE]),
     "qwen3_next_triton": (lambda p: write_config("qwen3_next", p), "triton", ["Qwen3NextForCausalLM", "GDN", "full-attention backend triton"]),
 }  # fmt: skip
 

@@ -16,7 +16,9 @@ LFM2_FULL_PREFILL_GRAPH on, no_buffer: sglang has no mamba extra buffer for it)
 The captured Mamba2 extend ships switched on (MAMBA2_FULL_PREFILL_GRAPH in
 sglang_graphfix.srt.full_prefill_graph_capability, after this module's second
 H200 run). The module still turns it on in both processes that judge it, so
-that it tests the captured extend whatever the shipped value:
+that it tests the captured extend whatever the shipped value (as it turns on
+MAMBA2_FULL_BEATS_BREAKABLE, off as shipped, which would run the full graph of
+Falcon-H1 and "M*M" as breakable):
 * the engines' scheduler processes (spawned; they load the plugins afresh): the
   test probe sets the switch there from GRAPHFIX_PROBE_MAMBA2_FULL_PREFILL_GRAPH,
   passed to every engine of this module through run_engine(env=...);
@@ -118,6 +120,7 @@ SWITCH = {
     "GRAPHFIX_PROBE_NEMOTRON_H_MOE_LAYERS_CAPTURED": "1",
     "GRAPHFIX_PROBE_MAMBA2_GROUPS": "1,8",
     "GRAPHFIX_PROBE_LFM2_FULL_PREFILL_GRAPH": "1",
+    "GRAPHFIX_PROBE_MAMBA2_FULL_BEATS_BREAKABLE": "1",
 }
 FULL = {"backend": "full", "bs": [16, 32, 64, 128, 256], "full_prefill_max_req": 4}
 
@@ -133,6 +136,7 @@ def mamba2_switch_in_this_process():
         "MAMBA2_LAYER_GAPS_CAPTURED",
         "NEMOTRON_H_MOE_LAYERS_CAPTURED",
         "LFM2_FULL_PREFILL_GRAPH",
+        "MAMBA2_FULL_BEATS_BREAKABLE",
     )
     saved = {name: getattr(capability, name) for name in names}
     groups = capability.MAMBA2_CHECKED["groups"]

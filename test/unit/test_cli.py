@@ -235,11 +235,12 @@ def test_model_path(tmp_path, capsys, plugin_on):
         "do not apply Standard GQA'), decode CUDA graph full"
     )
     # The scan's hook keeps the graph for that layer (MAMBA2_LAYER_GAPS_CAPTURED,
-    # on): what refuses it are the conditions of the captured extend, the
-    # groups among them (8 here, as NemotronH's published checkpoints).
+    # on), and its 8 groups (as NemotronH's published checkpoints) are checked:
+    # what refuses it is sglang's default attention backend here.
     joined = " ".join(out.split())
     assert "captures no prefill graph for this model" not in joined
-    assert "with 1 group only; this model's Mamba2 layers have 8" in joined
+    assert "Mamba2 layers have 8" not in joined
+    assert "with the flashinfer attention backend only, not fa3" in joined
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -501,18 +502,30 @@ def test_nemotron_h_with_mlp_layers_and_the_layer_gaps_switch(
         assert "captures no prefill graph for this model" in result[GRAPHFIX]
 
 
-def test_falcon_h1_sample_runs_the_mamba2_extend_in_the_full_graph(capsys, plugin_on):
+def test_falcon_h1_sample_runs_breakable_for_a_full_graph(
+    capsys, plugin_on, monkeypatch
+):
     """The shipped Falcon-H1 config (bfloat16, one group) with the Mamba2-checked
-    attention backend: upstream crashes at capture, sglang-graphfix says which
-    extend the full graph captures."""
-    status, out = explain(
-        capsys, "--sample", "falcon-h1", "--cuda-graph-backend-prefill", "full",
-        "--attention-backend", "flashinfer",
-    )  # fmt: skip
+    attention backend: upstream crashes at capture; sglang-graphfix runs the
+    breakable graph, faster there (route_mamba2_full_prefill_to_breakable), and
+    says why; with MAMBA2_FULL_BEATS_BREAKABLE on it names the extend the full
+    graph captures."""
+    from sglang_graphfix.srt import full_prefill_graph_capability as capability
+
+    flags = ("--sample", "falcon-h1", "--cuda-graph-backend-prefill", "full",
+             "--attention-backend", "flashinfer")  # fmt: skip
+    status, out = explain(capsys, *flags)
     assert status == 0
     result = outcomes(out)
     assert result[UPSTREAM].startswith(INDEX_ERROR)
-    assert result[GRAPHFIX] == (
+    assert (
+        result[GRAPHFIX] == "runs: prefill CUDA graph breakable, decode CUDA graph full"
+    )
+    assert "was faster than the full graph on an H200" in " ".join(out.split())
+    monkeypatch.setattr(capability, "MAMBA2_FULL_BEATS_BREAKABLE", True)
+    status, out = explain(capsys, *flags)
+    assert status == 0
+    assert outcomes(out)[GRAPHFIX] == (
         "runs: prefill CUDA graph full, decode CUDA graph full; Mamba2 extend "
         "(MambaMixer2) captured in the full prefill graph"
     )

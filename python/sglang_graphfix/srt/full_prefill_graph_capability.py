@@ -114,6 +114,16 @@ NEMOTRON_H_MOE_LAYERS_CAPTURED = False
 # refuses LFM2 again, as before. ZAYA1's short-conv extend loops over host-side
 # slots and stays refused either way.
 LFM2_FULL_PREFILL_GRAPH = True
+# Whether a full prefill graph beats sglang's breakable graph on a Mamba2 model
+# that sglang's breakable graph runs (Mamba2 layers with attention beside them or
+# between them, no layer without an attention module: Falcon-H1). Not so far:
+# served at Falcon-H1-7B's dimensions on an H200 (2026-12-02,
+# benchmark/results/gpu/serving_2026-12-02c/), full was slower than breakable on
+# every workload (first token 47.4 vs 22.9 ms for one 16-token prompt, 112.7 vs
+# 45.3 ms for 8 x 64 tokens, 540 vs 468 ms at 8k-16k tokens). While False, such a
+# full prefill graph runs as breakable
+# (..arg_groups.cuda_graph_hook.route_mamba2_full_prefill_to_breakable).
+MAMBA2_FULL_BEATS_BREAKABLE = False
 # What the H200 runs above covered: bfloat16 weights, one group (every case, the
 # kernel level included) and 8 (NemotronH "M-M*-", GPU case nemotron_h_groups8,
 # 2026-12-02: graph vs eager with no token mismatch over 104 steps, logprobs

@@ -24,26 +24,33 @@ def test_served_model_is_bfloat16_with_fp8_blocks(tmp_path):
     assert config.num_hidden_layers == 4 and config.full_attention_interval == 4
 
 
-def test_served_falcon_h1_captures_the_full_graph_with_its_server_args(tmp_path):
+def test_served_falcon_h1_full_mode_is_what_users_get(tmp_path, monkeypatch):
     """The Mamba2 serving model resolves through sglang's resolution (on a
-    simulated H200) to a full prefill graph with the flags every mode gets,
-    and is refused without them (sglang picks fa3 there): the serving run
-    measures the captured graph, not a refusal."""
+    simulated H200) with the flags every mode gets: its full mode runs as
+    breakable as shipped (route_mamba2_full_prefill_to_breakable: what a user
+    asking for full gets), and captures the full graph once
+    MAMBA2_FULL_BEATS_BREAKABLE is on (as the test probe sets it); without the
+    flags that graph is refused (sglang picks fa3 there)."""
     from resolution import prefill_backend, resolved
 
     from sglang.srt.model_executor.cuda_graph_config import Backend
+    from sglang_graphfix.srt import full_prefill_graph_capability as capability
 
     bench = load_benchmark("serving_prefill_graph")
     bench.falcon_h1_7b(tmp_path, layers=2)
     flags = bench.SERVER_ARGS["falcon-h1-7b"]
     assert flags == ["--attention-backend", "flashinfer"]
-    args = resolved(
-        str(tmp_path), gpu="h200", cuda_graph_backend_prefill="full",
-        attention_backend=flags[1],
-    )  # fmt: skip
-    assert prefill_backend(args) == Backend.FULL
+
+    def full(**kwargs):
+        return resolved(
+            str(tmp_path), gpu="h200", cuda_graph_backend_prefill="full", **kwargs
+        )
+
+    assert prefill_backend(full(attention_backend=flags[1])) == Backend.BREAKABLE
+    monkeypatch.setattr(capability, "MAMBA2_FULL_BEATS_BREAKABLE", True)
+    assert prefill_backend(full(attention_backend=flags[1])) == Backend.FULL
     with pytest.raises(ValueError, match="set --attention-backend flashinfer"):
-        resolved(str(tmp_path), gpu="h200", cuda_graph_backend_prefill="full")
+        full()
     command = bench.server_command(tmp_path, "full", 1, _Args("falcon-h1-7b"))
     assert command[-2:] == flags
 
@@ -180,26 +187,33 @@ def test_one_client_process_runs_every_benchmark_of_a_server(tmp_path, monkeypat
     assert client.proc.poll() is not None
 
 
-def test_profiled_falcon_h1_is_the_served_one_and_captures_the_full_graph(monkeypatch, tmp_path):
+def test_profiled_falcon_h1_is_the_served_one_and_captures_the_full_graph(
+    monkeypatch, tmp_path
+):
     """benchmark/prefill_graph_latency.py --models falcon-h1-7b profiles the
-    checkpoint and flags the serving run measured (its full graph slower than
-    breakable), and its engine kwargs resolve to a full prefill graph (not a
-    refusal, not a downgrade) and to breakable."""
+    checkpoint and flags the serving run measured, with the switch that keeps
+    its full graph (which sglang-graphfix runs as breakable as shipped) set in
+    this process and handed to the engines through the test probe; its engine
+    kwargs then resolve to a full prefill graph and to breakable."""
     from resolution import prefill_backend, resolved
 
     from sglang.srt.model_executor.cuda_graph_config import Backend
+    from sglang_graphfix.srt import full_prefill_graph_capability as capability
 
     serving = load_benchmark("serving_prefill_graph")
     latency = load_benchmark("prefill_graph_latency")
     monkeypatch.setattr(
         latency.tempfile, "mkdtemp", lambda prefix: str(tmp_path / prefix)
     )
+    monkeypatch.setattr(capability, "MAMBA2_FULL_BEATS_BREAKABLE", False)
     spec = latency._specs()["falcon-h1-7b"]()
     served = tmp_path / "served"
     serving.falcon_h1_7b(served)
     model = json.loads((tmp_path / "falcon_h1_7b" / "config.json").read_text())
     assert model == json.loads((served / "config.json").read_text())
     assert spec["kwargs"]["attention_backend"] == serving.SERVER_ARGS["falcon-h1-7b"][1]
+    assert latency.switches(spec) == {"GRAPHFIX_PROBE_MAMBA2_FULL_BEATS_BREAKABLE": "1"}
+    assert capability.MAMBA2_FULL_BEATS_BREAKABLE is True
     for name, backend in (("full", Backend.FULL), ("breakable", Backend.BREAKABLE)):
         kwargs = latency._engine_kwargs(spec, latency.PREFILL[name])
         path = kwargs.pop("model_path")

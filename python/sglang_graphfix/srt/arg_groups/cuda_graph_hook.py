@@ -32,6 +32,7 @@ from sglang.srt.model_executor.cuda_graph_config import (
     Phase,
     with_phase,
 )
+from sglang_graphfix.srt import full_prefill_graph_capability as capability
 from sglang_graphfix.srt.full_prefill_graph_capability import (
     FullPrefillGraphSupport,
     full_prefill_graph_support,
@@ -227,6 +228,59 @@ def judge_prefill_graph_on_final_settings(original, server_args: Any):
         and breakable_prefill_graph_rejection(server_args) == KDA_BREAKABLE_RULE
     ):
         raise ValueError(_kda_breakable_error(server_args))
+
+
+# What:    Wraps finalize_cuda_graph_prefill_max_context: a full prefill graph
+#          on a Mamba2 model that sglang's breakable graph runs (every layer
+#          holds attention, Falcon-H1) becomes breakable, with one warning.
+# Why:     The full graph captures there (upstream crashes), but served at
+#          Falcon-H1-7B's dimensions on an H200 it was slower than breakable on
+#          every workload measured (MAMBA2_FULL_BEATS_BREAKABLE): a full graph
+#          asked for speed would cost it. Where sglang runs no prefill graph
+#          (NemotronH's MLP layers, Granite's Mamba2 layers, LFM2's conv
+#          layers) breakable means eager, slower still (Falcon-H1-7B eager:
+#          141.7 ms for one 16-token prompt), so the full graph stays.
+# How:     After upstream and before the capability judgement (so that no
+#          refusal asks for flags that would only lead here): on a full prefill
+#          graph of a Mamba2-mixer model with no layer sglang's graph setup finds
+#          no attention module in, and sglang's breakable rules accepting the
+#          configuration, declare the breakable backend in sglang's resolution
+#          record and warn, naming the measurement. MAMBA2_FULL_BEATS_BREAKABLE
+#          (off) keeps the full graph, judged as before.
+# Upstream: none (upstream's full prefill graph crashes on these models).
+# Removal: once the full graph beats breakable on these models
+#          (MAMBA2_FULL_BEATS_BREAKABLE).
+def route_mamba2_full_prefill_to_breakable(original, server_args: Any):
+    original(server_args)
+    cfg = resolving_view(server_args)
+    if not _full_prefill_graph(cfg) or capability.MAMBA2_FULL_BEATS_BREAKABLE:
+        return
+    settings, _ = capability.settings_from_server_args(server_args)
+    if (
+        settings.family != capability.MAMBA2_FAMILY
+        or settings.mamba_mixer != "mamba2"
+        or settings.layer_gap is not None
+        or breakable_prefill_graph_rejection(server_args) is not None
+    ):
+        return
+    explicit = user_prefill_backend(server_args) == Backend.FULL
+    logger.warning(
+        "Full prefill CUDA graph (%s) on %s: sglang's breakable prefill graph runs "
+        "this model's Mamba2 layers and was faster than the full graph on an H200 "
+        "at Falcon-H1-7B's dimensions at every workload measured (first token 22.9 "
+        "vs 47.4 ms for one 16-token prompt). Using the breakable prefill graph "
+        "instead.",
+        "requested" if explicit else _full_source(server_args),
+        settings.architecture,
+    )
+    declare_resolution(
+        server_args,
+        DOWNGRADE_SOURCE,
+        cuda_graph_config=with_phase(
+            cfg.cuda_graph_config, Phase.PREFILL, backend=Backend.BREAKABLE
+        ),
+    )
+    upstream.apply_deepep_adjustments(server_args)
 
 
 def _full_prefill_graph(cfg: Any) -> bool:

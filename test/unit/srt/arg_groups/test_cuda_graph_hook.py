@@ -36,6 +36,15 @@ BREAKABLE_REJECTED = {"kimi_linear"}
 SGLANG_REFUSES = {("lfm2", "triton"): "does not support triton attention backend"}
 
 
+@pytest.fixture(autouse=True)
+def full_judged_on_mamba2(monkeypatch):
+    """These tests judge the full prefill graph itself: on Mamba2 models that
+    sglang's breakable graph runs, a full graph is routed to breakable before it
+    is judged (MAMBA2_FULL_BEATS_BREAKABLE off as shipped; the routing tests
+    below turn it off again)."""
+    monkeypatch.setattr(capability, "MAMBA2_FULL_BEATS_BREAKABLE", True)
+
+
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("configs")
@@ -599,3 +608,77 @@ def test_downgraded_full_graph_gets_no_batch_cap(model_dirs):
     prefill batches stay uncapped, as upstream."""
     args = resolve(model_dirs, "lfm2", model_default_full=True)
     assert prefill_backend(args) == Backend.BREAKABLE and _batch_cap(args) is None
+
+
+# ---- Mamba2 models that sglang's breakable graph runs: full routed to breakable ----
+
+ROUTED = "sglang's breakable prefill graph runs this model's Mamba2 layers"
+
+
+@pytest.mark.parametrize("asked", ["explicit", "model default"])
+@pytest.mark.parametrize(
+    "flags", [{}, {"attention_backend": "flashinfer", "dtype": "bfloat16"}]
+)
+def test_mamba2_full_where_breakable_runs_becomes_breakable(
+    model_dirs, monkeypatch, caplog, asked, flags
+):
+    """Falcon-H1 (attention in every layer): a full prefill graph, asked for or a
+    model default, capturable or not, runs as breakable with one warning naming
+    the measurement and the source, before any refusal (no ValueError asking for
+    flags that would only lead here)."""
+    monkeypatch.setattr(capability, "MAMBA2_FULL_BEATS_BREAKABLE", False)
+    explicit = asked == "explicit"
+    extra = {"cuda_graph_backend_prefill": "full"} if explicit else {}
+    with caplog.at_level(logging.WARNING):
+        args = resolve(
+            model_dirs, "falcon_h1", model_default_full=not explicit, **flags, **extra
+        )
+    assert prefill_backend(args) == Backend.BREAKABLE
+    warned = [m for m in our_warnings(caplog) if ROUTED in m]
+    assert len(warned) == 1 and len(our_warnings(caplog)) == 1, our_warnings(caplog)
+    assert "FalconH1ForCausalLM" in warned[0]
+    assert "Falcon-H1-7B's dimensions" in warned[0]
+    assert "Using the breakable prefill graph instead" in warned[0]
+    assert ("(requested)" in warned[0]) == explicit
+    assert (ours.DOWNGRADE_SOURCE, "breakable") in [
+        (source, fields["cuda_graph_config"].prefill.backend)
+        for source, fields in args._resolved_overrides
+        if "cuda_graph_config" in fields
+    ]
+
+
+@pytest.mark.parametrize(
+    "family, flags",
+    [
+        # Layers sglang's graph setup finds no attention module in: breakable
+        # would run every prefill eager there.
+        ("nemotron_h", {}),
+        ("lfm2", {}),
+        # Not Mamba2.
+        ("qwen3_next", {}),
+        # sglang's breakable rules do not take the model (pipeline parallelism).
+        ("falcon_h1", {"pp_size": 2}),
+    ],
+)
+def test_mamba2_full_kept_where_breakable_is_no_graph_or_not_allowed(
+    model_dirs, monkeypatch, caplog, family, flags
+):
+    monkeypatch.setattr(capability, "MAMBA2_FULL_BEATS_BREAKABLE", False)
+    with caplog.at_level(logging.WARNING):
+        args = resolve(
+            model_dirs, family, cuda_graph_backend_prefill="full",
+            attention_backend="flashinfer", dtype="bfloat16", **flags,
+        )  # fmt: skip
+    assert prefill_backend(args) == Backend.FULL
+    assert not any(ROUTED in m for m in our_warnings(caplog))
+
+
+def test_mamba2_full_kept_once_it_beats_breakable(model_dirs, caplog):
+    """MAMBA2_FULL_BEATS_BREAKABLE on (as in this module's other tests): Falcon-H1
+    keeps the full graph it captures."""
+    with caplog.at_level(logging.WARNING):
+        args = resolve(
+            model_dirs, "falcon_h1", cuda_graph_backend_prefill="full",
+            attention_backend="flashinfer", dtype="bfloat16",
+        )  # fmt: skip
+    assert prefill_backend(args) == Backend.FULL and not our_warnings(caplog)
