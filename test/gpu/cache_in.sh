@@ -5,4 +5,4 @@
 # on a fresh machine.
 set -eu
 cat $(ls /tmp/jitcache/jitcache.tgz.* | sort) | tar -xzf - -C /
-echo "cache_in: $(du -sh "$HOME/.triton/cache" 2>/dev/null | cut -f1) of Triton cache"
+echo "cache_in: $(du -sh "$HOME/.cache/sglang" "$HOME/.triton/cache" 2>/dev/null | cut -f1 | tr '\n' ' ')of caches"

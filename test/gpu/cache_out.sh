@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# On the device machine, after a block: hand the JIT caches (Triton's, FlashInfer's,
-# CuTe DSL's) back through $OUT, at most 8 files of 15 MiB per call, so that the
+# On the device machine, after a block: hand the JIT caches (sglang's own under
+# ~/.cache/sglang, where sglang 0.5.23 points Triton and its JIT kernels;
+# Triton's, FlashInfer's and CuTe DSL's defaults) back through $OUT, at most 8 files of 15 MiB per call, so that the
 # next session's first engines skip their compiles (test/gpu/cache_in.sh). Call it
 # with 0, 1, 2, ... until it prints "cache_out: last slice" (parts of slice K:
 # 8K to 8K+7). Never commit the parts; they go under .jitcache/ (git-ignored):
@@ -11,7 +12,7 @@ parts=/tmp/jitcache-parts
 if [ ! -d "$parts" ]; then
   mkdir -p "$parts"
   dirs=()
-  for d in "$HOME/.triton/cache" "$HOME/.cache/flashinfer" \
+  for d in "$HOME/.cache/sglang" "$HOME/.triton/cache" "$HOME/.cache/flashinfer" \
     "${TMPDIR:-/tmp}/$(id -un)/cutlass_python_cache"; do
     [ -d "$d" ] && dirs+=("${d#/}")
   done
