@@ -36,6 +36,13 @@ prompts, not reported), so kernels built on first use are not timed.
     python3 benchmark/serving_prefill_graph.py --plot   # PNG from the committed JSON
     python3 benchmark/serving_prefill_graph.py --recover DIR  # a run cut short
 
+Falcon-H1's full mode serves what a user asking for full gets: the breakable graph
+(sglang-graphfix's route_mamba2_full_prefill_to_breakable). To serve the captured
+full graph instead, keep it with the test probe (recorded under "environment"):
+    GRAPHFIX_PROBE_DIR=/tmp/probe GRAPHFIX_PROBE_MAMBA2_FULL_BEATS_BREAKABLE=1 \
+    PYTHONPATH=test/gpu/probe:$PYTHONPATH python3 benchmark/serving_prefill_graph.py \
+        --model falcon-h1-7b --modes full
+
 Writes $OUT/serving_prefill_graph.json (else benchmark/results/...), with the
 commands it ran and its provenance, and the server logs under $OUT/logs/ when
 $OUT is set. Needs a GPU; takes ~5 min per mode at full depth on an H200 (cold
@@ -616,7 +623,9 @@ def main() -> None:
         "provenance": provenance(),
         "model": args.model,
         "config": json.loads((model_dir / "config.json").read_text()),
-        "environment": {k: v for k, v in os.environ.items() if k.startswith("SGLANG")},
+        "environment": {
+            k: v for k, v in os.environ.items() if k.startswith(("SGLANG", "GRAPHFIX"))
+        },
         "workloads": {w: WORKLOADS[w] for w in args.workloads},
         "modes": {},
     }
