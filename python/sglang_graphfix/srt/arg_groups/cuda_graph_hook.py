@@ -247,7 +247,9 @@ def judge_prefill_graph_on_final_settings(original, server_args: Any):
 #          configuration, declare the breakable backend in sglang's resolution
 #          record and warn, naming the measurement. MAMBA2_FULL_BEATS_BREAKABLE
 #          (off) keeps the full graph, judged as before.
-# Upstream: none (upstream's full prefill graph crashes on these models).
+# Upstream: sglang/srt/arg_groups/cuda_graph_hook.py::finalize_cuda_graph_prefill_max_context
+#          (nothing to propose: upstream's full prefill graph crashes on these
+#          models)
 # Removal: once the full graph beats breakable on these models
 #          (MAMBA2_FULL_BEATS_BREAKABLE).
 def route_mamba2_full_prefill_to_breakable(original, server_args: Any):
