@@ -116,7 +116,9 @@ def measure(model: dict, prefill: dict, warmup: int, repeats: int) -> dict:
             }
             batches += [batch] * (warmup + repeats)
     results = run_engine(
-        _engine_kwargs(model, prefill), batches, env={"GRAPHFIX_BENCH_TIMER": timer}
+        _engine_kwargs(model, prefill),
+        batches,
+        env={"GRAPHFIX_BENCH_TIMER": timer, **switches(model)},
     )
     forwards = read_forwards(timer)
     report, i = {}, 0
@@ -232,7 +234,8 @@ def switches(model: dict) -> dict:
 
     env = {}
     for name, value in model.get("switches", {}).items():
-        setattr(capability, name, value)
+        assert value is True, (name, value)  # the probe only turns switches on
+        setattr(capability, name, value)  # kept for the process's later models
         env[f"GRAPHFIX_PROBE_{name}"] = "1"
     return env
 

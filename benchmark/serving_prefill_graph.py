@@ -282,6 +282,12 @@ def log_facts(log: str) -> dict:
     for key, pattern in LOG_FACTS.items():
         found = re.findall(pattern, log)
         facts[key] = float(found[-1]) if found else None
+    # The prefill graph the server captured (sglang-graphfix may run a full
+    # graph asked for as breakable: route_mamba2_full_prefill_to_breakable).
+    captured = re.findall(
+        r"Capture target prefill CUDA graph begin\. backend=(\w+)", log
+    )
+    facts["prefill_graph_captured"] = captured[-1] if captured else None
     facts["graphfix_line"] = next(
         (line.strip() for line in log.splitlines() if GRAPHFIX_LINE.search(line)),
         None,

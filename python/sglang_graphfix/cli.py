@@ -701,6 +701,7 @@ def render(
     )
     from sglang.srt.model_executor.cuda_graph_config import Backend
     from sglang_graphfix.srt.arg_groups.cuda_graph_hook import (
+        ROUTE_SOURCE,
         sglang_full_prefill_slots,
     )
     from sglang_graphfix.srt.full_prefill_graph_capability import (
@@ -786,6 +787,11 @@ def render(
                 if support.capable
                 else "cannot capture here: " + "; ".join(support.reasons)
             )
+            if any(source == ROUTE_SOURCE for source, _ in here.decisions):
+                verdict += (
+                    "; asked for, it runs as breakable on this model, faster here "
+                    "(the warning below)"
+                )
             lines += [
                 "  " + line for line in wrap.wrap(f"full prefill graph  {verdict}")
             ]

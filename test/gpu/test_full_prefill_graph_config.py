@@ -6,7 +6,7 @@
   sglang serves it in float16), and GDN (Qwen3-Next) with the triton attention
   backend. Upstream 0.5.23 accepts both and fails during capture (IndexError in
   HybridLinearAttnBackend._replay_metadata / "Invalid forward mode"). (Falcon-H1
-  and NemotronH without MLP layers run breakable instead, before any judgement:
+  and NemotronH of Mamba2 and attention layers only run breakable instead, before any judgement:
   test/unit/srt/arg_groups/test_cuda_graph_hook.py.)
 * untouched where it can: a tiny random Llama with flashinfer captures the full
   prefill graph, replays it, and matches the same engine with the prefill graph

@@ -42,6 +42,9 @@ logger = logging.getLogger(__name__)
 
 # The declaration source this package's downgrades carry in sglang's record.
 DOWNGRADE_SOURCE = "sglang_graphfix:full_prefill_graph_rules"
+# The source of a Mamba2 full prefill graph run as breakable
+# (route_mamba2_full_prefill_to_breakable).
+ROUTE_SOURCE = "sglang_graphfix:mamba2_full_prefill_to_breakable"
 
 # The one breakable-graph rule of sglang's (disable_breakable_cudagraph_if_incompatible)
 # that an explicit --cuda-graph-backend-prefill breakable is refused for: upstream
@@ -232,21 +235,26 @@ def judge_prefill_graph_on_final_settings(original, server_args: Any):
 
 # What:    Wraps finalize_cuda_graph_prefill_max_context: a full prefill graph
 #          on a Mamba2 model that sglang's breakable graph runs (every layer
-#          holds attention, Falcon-H1) becomes breakable, with one warning.
+#          holds attention: Falcon-H1, NemotronH of Mamba2 and attention layers
+#          only) becomes breakable, with one warning.
 # Why:     The full graph captures there (upstream crashes), but served at
-#          Falcon-H1-7B's dimensions on an H200 it was slower than breakable on
-#          every workload measured (MAMBA2_FULL_BEATS_BREAKABLE): a full graph
-#          asked for speed would cost it. Where sglang runs no prefill graph
-#          (NemotronH's MLP layers, Granite's Mamba2 layers, LFM2's conv
-#          layers) breakable means eager, slower still (Falcon-H1-7B eager:
-#          141.7 ms for one 16-token prompt), so the full graph stays.
+#          Falcon-H1-7B's dimensions on an H200 (issue 16,
+#          benchmark/results/gpu/serving_2026-12-02c/falcon_h1_7b) its median
+#          time to first token was above breakable's at every workload measured
+#          (MAMBA2_FULL_BEATS_BREAKABLE): a full graph asked for speed would
+#          cost it. Where sglang runs no prefill graph (NemotronH's MLP and MoE
+#          layers, Granite's Mamba2 layers, LFM2's conv layers) breakable means
+#          eager, which on Falcon-H1-7B was 3x slower than full for short
+#          prompts (141.7 vs 47.4 ms at 16 tokens) and matched or beat it at
+#          2k-16k tokens: the full graph stays there, a bet on short prompts.
 # How:     After upstream and before the capability judgement (so that no
 #          refusal asks for flags that would only lead here): on a full prefill
 #          graph of a Mamba2-mixer model with no layer sglang's graph setup finds
 #          no attention module in, and sglang's breakable rules accepting the
 #          configuration, declare the breakable backend in sglang's resolution
-#          record and warn, naming the measurement. MAMBA2_FULL_BEATS_BREAKABLE
-#          (off) keeps the full graph, judged as before.
+#          record and warn, naming the measurement. Under pipeline parallelism
+#          breakable is opt-in (breakable_prefill_graph_rejection): the full
+#          graph is judged as before, as it is with MAMBA2_FULL_BEATS_BREAKABLE.
 # Upstream: sglang/srt/arg_groups/cuda_graph_hook.py::finalize_cuda_graph_prefill_max_context
 #          (nothing to propose: upstream's full prefill graph crashes on these
 #          models)
@@ -268,16 +276,17 @@ def route_mamba2_full_prefill_to_breakable(original, server_args: Any):
     explicit = user_prefill_backend(server_args) == Backend.FULL
     logger.warning(
         "Full prefill CUDA graph (%s) on %s: sglang's breakable prefill graph runs "
-        "this model's Mamba2 layers and was faster than the full graph on an H200 "
-        "at Falcon-H1-7B's dimensions at every workload measured (first token 22.9 "
-        "vs 47.4 ms for one 16-token prompt). Using the breakable prefill graph "
-        "instead.",
+        "this model (its Mamba2 layers eager between captured segments), and its "
+        "median time to first token was below the full graph's at every workload "
+        "measured on an H200 at Falcon-H1-7B's dimensions (22.9 vs 47.4 ms for one "
+        "16-token prompt). Using the breakable prefill graph instead; no flag keeps "
+        "the full graph on this model.",
         "requested" if explicit else _full_source(server_args),
         settings.architecture,
     )
     declare_resolution(
         server_args,
-        DOWNGRADE_SOURCE,
+        ROUTE_SOURCE,
         cuda_graph_config=with_phase(
             cfg.cuda_graph_config, Phase.PREFILL, backend=Backend.BREAKABLE
         ),

@@ -612,35 +612,60 @@ def test_downgraded_full_graph_gets_no_batch_cap(model_dirs):
 
 # ---- Mamba2 models that sglang's breakable graph runs: full routed to breakable ----
 
-ROUTED = "sglang's breakable prefill graph runs this model's Mamba2 layers"
+ROUTED = "sglang's breakable prefill graph runs this model (its Mamba2 layers eager"
+
+
+@pytest.fixture(scope="module")
+def mamba2_dirs(tmp_path_factory):
+    """NemotronH of Mamba2 and attention layers only ("M*M": sglang's breakable
+    graph runs it, as Falcon-H1), and Falcon-Mamba (Mamba-1 mixer, no attention)."""
+    from tiny_configs import _nemotron_h
+    from transformers import FalconMambaConfig
+
+    root = tmp_path_factory.mktemp("mamba2")
+    nemotron = _nemotron_h(hybrid_override_pattern="M*M")
+    falcon_mamba = FalconMambaConfig(
+        vocab_size=1024, hidden_size=64, state_size=16, num_hidden_layers=2,
+        intermediate_size=128, time_step_rank=8,
+    )  # fmt: skip
+    for name, config, arch in (
+        ("nemotron_h_m_star_m", nemotron, "NemotronHForCausalLM"),
+        ("falcon_mamba", falcon_mamba, "FalconMambaForCausalLM"),
+    ):
+        config.architectures = [arch]
+        config.save_pretrained(root / name)
+    return {name: str(root / name) for name in ("nemotron_h_m_star_m", "falcon_mamba")}
 
 
 @pytest.mark.parametrize("asked", ["explicit", "model default"])
 @pytest.mark.parametrize(
     "flags", [{}, {"attention_backend": "flashinfer", "dtype": "bfloat16"}]
 )
+@pytest.mark.parametrize("model", ["falcon_h1", "nemotron_h_m_star_m"])
 def test_mamba2_full_where_breakable_runs_becomes_breakable(
-    model_dirs, monkeypatch, caplog, asked, flags
+    model_dirs, mamba2_dirs, monkeypatch, caplog, asked, flags, model
 ):
-    """Falcon-H1 (attention in every layer): a full prefill graph, asked for or a
-    model default, capturable or not, runs as breakable with one warning naming
-    the measurement and the source, before any refusal (no ValueError asking for
-    flags that would only lead here)."""
+    """Falcon-H1 (attention in every layer) and NemotronH "M*M": a full prefill
+    graph, asked for or a model default, capturable or not, runs as breakable
+    with one warning naming the measurement and the source, before any refusal
+    (no ValueError asking for flags that would only lead here)."""
     monkeypatch.setattr(capability, "MAMBA2_FULL_BEATS_BREAKABLE", False)
     explicit = asked == "explicit"
     extra = {"cuda_graph_backend_prefill": "full"} if explicit else {}
     with caplog.at_level(logging.WARNING):
-        args = resolve(
-            model_dirs, "falcon_h1", model_default_full=not explicit, **flags, **extra
-        )
+        args = resolved(
+            {**model_dirs, **mamba2_dirs}[model], model_default_full=not explicit,
+            **flags, **extra,
+        )  # fmt: skip
     assert prefill_backend(args) == Backend.BREAKABLE
     warned = [m for m in our_warnings(caplog) if ROUTED in m]
     assert len(warned) == 1 and len(our_warnings(caplog)) == 1, our_warnings(caplog)
-    assert "FalconH1ForCausalLM" in warned[0]
+    arch = "FalconH1ForCausalLM" if model == "falcon_h1" else "NemotronHForCausalLM"
+    assert arch in warned[0] and "no flag keeps the full graph" in warned[0]
     assert "Falcon-H1-7B's dimensions" in warned[0]
     assert "Using the breakable prefill graph instead" in warned[0]
     assert ("(requested)" in warned[0]) == explicit
-    assert (ours.DOWNGRADE_SOURCE, "breakable") in [
+    assert (ours.ROUTE_SOURCE, "breakable") in [
         (source, fields["cuda_graph_config"].prefill.backend)
         for source, fields in args._resolved_overrides
         if "cuda_graph_config" in fields
@@ -670,6 +695,22 @@ def test_mamba2_full_kept_where_breakable_is_no_graph_or_not_allowed(
             attention_backend="flashinfer", dtype="bfloat16", **flags,
         )  # fmt: skip
     assert prefill_backend(args) == Backend.FULL
+    assert not any(ROUTED in m for m in our_warnings(caplog))
+
+
+def test_mamba1_full_is_refused_for_its_mixer_not_routed(
+    mamba2_dirs, monkeypatch, caplog
+):
+    """Falcon-Mamba is of the Mamba2/short-conv family with no layer sglang's scan
+    flags, but its Mamba-1 mixer is not what was measured: the full graph it
+    asks for is judged (refused, naming the mixer), not turned breakable."""
+    monkeypatch.setattr(capability, "MAMBA2_FULL_BEATS_BREAKABLE", False)
+    with caplog.at_level(logging.WARNING), pytest.raises(ValueError) as err:
+        resolved(
+            mamba2_dirs["falcon_mamba"], cuda_graph_backend_prefill="full",
+            attention_backend="flashinfer", dtype="bfloat16",
+        )  # fmt: skip
+    assert "Mamba-1 mixer" in str(err.value)
     assert not any(ROUTED in m for m in our_warnings(caplog))
 
 
