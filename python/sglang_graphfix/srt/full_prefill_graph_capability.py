@@ -120,8 +120,8 @@ LFM2_FULL_PREFILL_GRAPH = True
 # served at Falcon-H1-7B's dimensions on an H200 (2026-12-02,
 # benchmark/results/gpu/serving_2026-12-02c/), full's median time to first token
 # was above breakable's at every workload (47.4 vs 22.9 ms for one 16-token
-# prompt, 112.7 vs 45.3 ms for 8 x 64 tokens, 540 vs 468 ms at 8k-16k tokens). While False, such a
-# full prefill graph runs as breakable
+# prompt, 112.7 vs 45.3 ms for 8 x 64 tokens, 540 vs 468 ms at 8k-16k tokens).
+# While False, such a full prefill graph runs as breakable
 # (..arg_groups.cuda_graph_hook.route_mamba2_full_prefill_to_breakable).
 MAMBA2_FULL_BEATS_BREAKABLE = False
 # What the H200 runs above covered: bfloat16 weights, one group (every case, the
