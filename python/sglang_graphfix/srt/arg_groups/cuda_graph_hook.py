@@ -140,12 +140,17 @@ def _downgrade(server_args: Any, support: FullPrefillGraphSupport) -> None:
         target,
         because,
     )
+    _declare_prefill_backend(server_args, DOWNGRADE_SOURCE, target)
+
+
+def _declare_prefill_backend(server_args: Any, source: str, backend: str) -> None:
+    """Declare the prefill graph backend in sglang's resolution record."""
     cfg = resolving_view(server_args)
     declare_resolution(
         server_args,
-        DOWNGRADE_SOURCE,
+        source,
         cuda_graph_config=with_phase(
-            cfg.cuda_graph_config, Phase.PREFILL, backend=target
+            cfg.cuda_graph_config, Phase.PREFILL, backend=backend
         ),
     )
     # As apply_prefill_cp_cuda_graph_default does after a late change: DeepEP's
@@ -284,14 +289,7 @@ def route_mamba2_full_prefill_to_breakable(original, server_args: Any):
         "requested" if explicit else _full_source(server_args),
         settings.architecture,
     )
-    declare_resolution(
-        server_args,
-        ROUTE_SOURCE,
-        cuda_graph_config=with_phase(
-            cfg.cuda_graph_config, Phase.PREFILL, backend=Backend.BREAKABLE
-        ),
-    )
-    upstream.apply_deepep_adjustments(server_args)
+    _declare_prefill_backend(server_args, ROUTE_SOURCE, Backend.BREAKABLE)
 
 
 def _full_prefill_graph(cfg: Any) -> bool:
