@@ -100,7 +100,7 @@ def hybrid_of(linear):
 # matters: the comparison must see them.
 MUTATIONS = {
     "no-initial-states": 0,  # prefixes ignored
-    "recompute-end-off-by-one": 12,  # a snapshot one token late
+    "recompute-end-off-by-one": 14,  # a snapshot one token late
     "snapshots-dropped": 4,  # every track row writes the padding slot
 }
 
@@ -198,7 +198,7 @@ def run_case(seed, mutate="", *, device="cpu", capture_graph=False, chunks=(4, 8
                 cuda_graph.replay()
             else:
                 graph_out = forward()
-        modes = captured_meta.track.mode.tolist() if track else []
+        modes = captured_meta.track.mode.tolist() if captured_meta.track else []
 
     def diff(a, b):
         return float((a - b).abs().max()) if a.numel() else 0.0
@@ -213,7 +213,7 @@ def run_case(seed, mutate="", *, device="cpu", capture_graph=False, chunks=(4, 8
         "tokens": total,
         "prefix": any(case.prefix),
         "tracked": sum(case.tracked) if case.tracked else 0,
-        "track_tables": track,
+        "track_tables": captured_meta.track is not None,
         "triton_conv": triton_conv,
         "modes": sorted(set(modes)),
         "out": diff(graph_out[:total], eager_out),

@@ -33,6 +33,7 @@ from sglang_graphfix.srt.layers.attention.mamba.mamba2_prefill_graph import (
     TRACK_RECOMPUTE_STATE,
     Mamba2PrefillGraphTables,
     Mamba2PrefillTrackTables,
+    track_rows,
 )
 
 CONV_LEN = 3  # conv kernel width - 1
@@ -86,18 +87,26 @@ def random_case(rng, chunks=(4, 8, 16, 64)):
     # (one fewer here, for the tail in sglang's conv-table fill).
     slots = rng.randint(1, min(9, bucket - 1))
     bs = rng.randint(1, min(slots, bucket))
+    cache_chunk = chunk * rng.choice([1, 2])
+    tracked_len = cache_chunk + chunk // 2 + 1  # snapshots off the chunk grid
     lens = []
     for _ in range(bs):
         left = bucket - sum(lens) - (bs - len(lens) - 1)  # keep >= 1 for the rest
-        near = rng.choice([chunk - 1, chunk, chunk + 1, 2 * chunk, 1])
+        near = rng.choice([chunk - 1, chunk, chunk + 1, 2 * chunk, 1, tracked_len])
         lens.append(max(1, min(left, rng.choice([near, rng.randint(1, left)]))))
     if rng.random() < 0.25:  # a batch that fills the bucket: no tail
         lens[-1] += bucket - sum(lens)
     prefix = [rng.choice([0, 0, rng.randint(1, 3 * chunk)]) for _ in lens]
     rows = rng.sample(range(1, len(SLOT_OF_ROW)), bs)
     # Prefix-cache snapshots: on some batches, some rows snapshot at a length
-    # inside this extend -- the end, a chunk boundary or anywhere.
-    tracked = [rng.random() < 0.6 for _ in lens] if rng.random() < 0.7 else None
+    # inside this extend -- the end, a chunk boundary or anywhere; as sglang
+    # (ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend), only rows
+    # that extend at least one cache chunk.
+    tracked = (
+        [rng.random() < 0.6 and n >= cache_chunk for n in lens]
+        if rng.random() < 0.7
+        else None
+    )
     track_lens = [
         p + max(1, min(n, rng.choice([n, n // chunk * chunk, rng.randint(1, n)])))
         for n, p in zip(lens, prefix)
@@ -106,7 +115,7 @@ def random_case(rng, chunks=(4, 8, 16, 64)):
         chunk=chunk, bucket=bucket, slots=slots, lens=lens, prefix=prefix, rows=rows,
         tracked=tracked, track_lens=track_lens,
         track_dst=[100 + r for r in range(bs)],
-        cache_chunk=chunk * rng.choice([1, 2]),
+        cache_chunk=cache_chunk,
     )  # fmt: skip
 
 
@@ -278,11 +287,16 @@ def make_case(seed, chunks=(4, 8, 16, 64)):
 
 def filled_track(case, tables):
     """The snapshot plan for ``case`` (after ``filled_tables``), None when the
-    batch tracks nothing. The track inputs hold the batch's rows only."""
-    if case.tracked is None:
+    batch tracks nothing or the bucket has no track rows. The track inputs hold
+    the batch's rows only."""
+    K = track_rows(case.bucket, case.slots, case.cache_chunk)
+    if case.tracked is None or K == 0:
         return None
     track = Mamba2PrefillTrackTables.allocate(
-        max_requests=case.slots, conv_len=CONV_LEN, device=tables.seq_idx.device
+        max_requests=case.slots,
+        num_rows=K,
+        conv_len=CONV_LEN,
+        device=tables.seq_idx.device,
     )
     device = tables.seq_idx.device
     track.fill(
@@ -299,7 +313,8 @@ def filled_track(case, tables):
 def track_mismatches(case, track):
     """Every difference between the snapshot plan and sglang's eager track
     selection (_init_track_ssm_indices_from_cpu, _init_track_conv_indices,
-    prepare_mixed's conv destinations)."""
+    prepare_mixed's conv destinations): the tracked request slots packed first,
+    in batch order, then fillers on the padding slot."""
     out = []
 
     def check(name, ours, eager):
@@ -308,34 +323,38 @@ def track_mismatches(case, track):
             out.append(f"{name}: ours {ours} != sglang {eager}")
 
     meta = eager_metadata(case)
+    mode, src, dst = track.mode.tolist(), track.src.tolist(), track.dst
+    live = [k for k, m in enumerate(mode) if m != TRACK_NONE]
+    fillers = [k for k, m in enumerate(mode) if m == TRACK_NONE]
+    check("filler dst", dst[fillers], [PADDING_SLOT] * len(fillers))
     if not meta.has_mamba_track_mask:
-        check("mode (nothing tracked)", track.mode, [TRACK_NONE] * case.slots)
+        check("rows (nothing tracked)", live, [])
         return out
-    bs = len(case.lens)
-    check("padding rows' mode", track.mode[bs:], [TRACK_NONE] * (case.slots - bs))
-    mode, dst = track.mode[:bs].tolist(), track.dst
+    check("rows packed first", live, list(range(len(live))))
+    check(
+        "tracked request slots",
+        [src[k] for k in live],
+        [r for r, t in enumerate(case.tracked) if t],
+    )
     slots = meta.mamba_cache_indices
 
     def where(m):
-        return [r for r, v in enumerate(mode) if v == m]
+        return [k for k, v in enumerate(mode) if v == m]
 
     final, grid, recompute = (
         where(TRACK_FINAL_STATE),
         where(TRACK_GRID_STATE),
         where(TRACK_RECOMPUTE_STATE),
     )
-    check("final src", slots[final], meta.track_ssm_final_src)
+    check("final src", slots[[src[k] for k in final]], meta.track_ssm_final_src)
     check("final dst", dst[final], meta.track_ssm_final_dst)
     check("grid h_src", track.h_src[grid], meta.track_ssm_h_src)
     check("grid dst", dst[grid], meta.track_ssm_h_dst)
-    check("recompute rows", recompute, meta.track_ssm_seq_idx)
+    check("recompute rows", [src[k] for k in recompute], meta.track_ssm_seq_idx)
     check("recompute end", track.end_loc[recompute], meta.track_ssm_end_locs)
     check("recompute dst", dst[recompute], meta.track_ssm_recompute_dst)
-    tracked = sorted(final + grid + recompute)
-    check("conv window", track.conv_window[tracked], meta.track_conv_indices)
-    check("conv dst", dst[tracked], meta.conv_states_mask_indices)
-    untracked = [r for r in range(case.slots) if r not in tracked]
-    check("untracked dst", dst[untracked], [PADDING_SLOT] * len(untracked))
+    check("conv window", track.conv_window[live], meta.track_conv_indices)
+    check("conv dst", dst[live], meta.conv_states_mask_indices)
     return out
 
 

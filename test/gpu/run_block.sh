@@ -8,7 +8,9 @@
 # lands under $RES (default /tmp/res; serving runs in RES/serving, RES/serving_2,
 # ...); RES/DONE marks the end. SUITE_TIMEOUT (seconds, default 1200) bounds the
 # side-by-side modules. PRE, if set, is a command run first, alone on the GPU
-# (OUT=RES/pre; its output in RES/pre.log), e.g. a kernel microbenchmark.
+# (OUT=RES/pre; its output in RES/pre.log), e.g. a kernel microbenchmark; POST
+# likewise last (OUT=RES/post, RES/post.log), e.g. a profile. PRE_TIMEOUT and
+# POST_TIMEOUT bound them (seconds, default 900).
 #   GRAPHFIX_COMMIT=<sha> RES=/tmp/res bash test/gpu/run_block.sh \
 #       "first_module.py" "module_a.py module_b.py" "--quick --modes breakable,full" \
 #       "--model falcon-h1-7b --quick"
@@ -22,7 +24,7 @@ stamp() { echo "$(date -u +%H:%M:%S) $*" >>"$res/progress.log"; }
 stamp "start ${GRAPHFIX_COMMIT:-unset}"
 if [ -n "${PRE:-}" ]; then
   mkdir -p "$res/pre"
-  OUT="$res/pre" timeout 900 bash -c "$PRE" >"$res/pre.log" 2>&1
+  OUT="$res/pre" timeout "${PRE_TIMEOUT:-900}" bash -c "$PRE" >"$res/pre.log" 2>&1
   stamp "pre rc=$?"
 fi
 if [ -n "$first" ]; then
@@ -43,4 +45,9 @@ for serving_args in "$@"; do
     python3 benchmark/serving_prefill_graph.py $serving_args >"$res/$name.out" 2>&1
   stamp "$name ($serving_args) rc=$?"
 done
+if [ -n "${POST:-}" ]; then
+  mkdir -p "$res/post"
+  OUT="$res/post" timeout "${POST_TIMEOUT:-900}" bash -c "$POST" >"$res/post.log" 2>&1
+  stamp "post rc=$?"
+fi
 touch "$res/DONE"

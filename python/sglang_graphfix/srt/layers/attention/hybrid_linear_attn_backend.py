@@ -107,17 +107,20 @@ def prepare_mamba2_full_prefill_graph_metadata(
 
 
 # What:    Wraps MambaAttnBackendBase._track_mamba_state_extend: on a Mamba2
-#          full prefill graph's metadata, snapshot every request slot's SSM state
-#          with one fixed-shape select and one scatter.
+#          full prefill graph's metadata, snapshot the bucket's K track rows'
+#          SSM states with one fixed-shape select and one scatter.
 # Why:     Upstream copies through index lists whose lengths are the batch's
 #          tracked rows per kind (track_ssm_h_src / _recompute_dst / _final_src,
 #          built on the host, guarded by .numel() > 0), which a graph captured
 #          for every batch of the bucket cannot hold.
-# How:     Per request slot (Mamba2PrefillTrackTables.mode): the post-extend
-#          state (mode final), the chunk-grid state h[h_src] (grid) or the
-#          recomputed state (recompute, the SSD's row for that slot), written to
-#          its track slot; untracked slots write the reserved padding slot 0.
-#          Any other metadata takes the upstream path.
+# How:     Per track row (Mamba2PrefillTrackTables: the tracked request slots
+#          packed first, mode per row): the post-extend state (mode final), the
+#          chunk-grid state h[h_src] (grid) or the recomputed state (recompute,
+#          the SSD's row), written to its track slot; filler rows write the
+#          reserved padding slot 0. A bucket without track rows (under one
+#          mamba cache chunk: sglang tracks no request there, checked on the
+#          host at replay) copies nothing. Any other metadata takes the
+#          upstream path.
 # Upstream: sglang/srt/layers/attention/hybrid_linear_attn_backend.py::MambaAttnBackendBase._track_mamba_state_extend
 # Removal: once upstream captures the Mamba2 extend in a full prefill graph.
 def snapshot_mamba2_states_on_graph_tables(
@@ -129,13 +132,9 @@ def snapshot_mamba2_states_on_graph_tables(
         )
     track = forward_metadata.track
     if track is None:
-        raise RuntimeError(
-            "Mamba2 full prefill graph: a prefix-cache track batch on a bucket "
-            "captured without track tables"
-        )
+        return
     track_states = kwargs.get("track_states", args[0] if args else None)
-    R = track.max_requests
-    slots = forward_metadata.tables.cache_indices[:R].to(torch.int64)
+    slots = forward_metadata.tables.cache_indices.to(torch.int64)[track.src]
 
     def rows(mode):
         return (track.mode == mode)[:, None, None, None]

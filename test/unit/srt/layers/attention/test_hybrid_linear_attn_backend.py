@@ -6,6 +6,7 @@ replay), and the wrapper's chunked-prefix capability."""
 import contextlib
 import random
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
@@ -42,6 +43,7 @@ from sglang_graphfix.srt.layers.attention.mamba.mamba2_prefill_graph import (
     TRACK_GRID_STATE,
     TRACK_RECOMPUTE_STATE,
     Mamba2FullGraphMetadata,
+    track_rows,
 )
 
 
@@ -325,6 +327,8 @@ def test_plain_extend_on_mamba2_runs_on_the_buckets_static_metadata():
     rng = random.Random(7)
     cases = [random_case(rng) for _ in range(40)]
     assert any(c.tracked for c in cases) and any(not c.tracked for c in cases)
+    K = [track_rows(c.bucket, c.slots, c.cache_chunk) for c in cases if c.tracked]
+    assert 0 in K and any(0 < k < c.slots for k, c in zip(K, cases))
     for case in cases:
         with _mamba2_graph_runtime(case):
             backend, meta = _mamba2_captured_and_replayed(case, bool(case.tracked))
@@ -342,12 +346,14 @@ def test_plain_extend_on_mamba2_runs_on_the_buckets_static_metadata():
         assert mixed.prep_initial_states and mixed.extend_seq_lens_cpu == [T] * (R + 1)
         assert meta.query_start_loc is meta.tables.query_start_loc
         assert meta.mamba_cache_indices is meta.tables.cache_indices
-        if case.tracked:
+        K = track_rows(T, R, case.cache_chunk)
+        if case.tracked and K:
             assert not track_mismatches(case, meta.track), vars(case)
+            assert meta.track.num_rows == K
             assert meta.has_mamba_track_mask
             assert meta.track_conv_indices is meta.track.conv_window
             assert meta.conv_states_mask_indices is meta.track.dst
-            assert meta.track_ssm_seq_idx.tolist() == list(range(R))
+            assert meta.track_ssm_seq_idx is meta.track.src
         else:
             assert meta.track is None and not meta.has_mamba_track_mask
 
@@ -360,13 +366,106 @@ def test_mamba2_replay_without_its_capture_fails_clearly():
             _hybrid(backend).init_forward_metadata_out_graph(
                 replay_view(case, mamba2_live_batch(case)), in_capture=False
             )
-        _hybrid(backend).init_forward_metadata_out_graph(
-            capture_batch(case, track=False), in_capture=True
+
+
+def _tracking_case(bucket, lens, tracked, cache_chunk=16):
+    return SimpleNamespace(
+        chunk=8, bucket=bucket, slots=4, lens=lens, prefix=[0] * len(lens),
+        rows=list(range(1, len(lens) + 1)), tracked=tracked,
+        track_lens=list(lens), track_dst=[100 + r for r in range(len(lens))],
+        cache_chunk=cache_chunk,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "bucket, lens, tracked, capture_track, rows",
+    [
+        (40, [16, 16, 8], [True, True, False], True, 2),  # K = 40 // 16
+        (12, [4, 8], [False, False], True, 0),  # under a cache chunk: none
+        (40, [16, 16], [False, False], False, 0),  # captured without the buffer
+    ],
+)
+def test_mamba2_replay_tracks_at_most_the_buckets_rows(
+    bucket, lens, tracked, capture_track, rows
+):
+    """A bucket has track_rows snapshot rows (none under one cache chunk, none
+    captured without a track mask); a replay that tracks more requests than
+    that -- which sglang's scheduler never builds -- or whose count is not on
+    the host is refused, naming the setting to change."""
+    case = _tracking_case(bucket, lens, tracked)
+    with _mamba2_graph_runtime(case):
+        backend = mamba2_backend(case.chunk)
+        hybrid = _hybrid(backend)
+        hybrid.init_forward_metadata_out_graph(
+            capture_batch(case, capture_track), in_capture=True
         )
-        with pytest.raises(RuntimeError, match="captured without track copies"):
-            _hybrid(backend).init_forward_metadata_out_graph(
-                replay_view(case, mamba2_live_batch(case)), in_capture=False
+        meta = backend.forward_metadata
+        assert (meta.track.num_rows if meta.track else 0) == rows
+        replay = replay_view(case, mamba2_live_batch(case))
+        hybrid.init_forward_metadata_out_graph(replay, in_capture=False)
+        over = [True] * (rows + 1) + [False] * (len(lens) - rows - 1)
+        for mask_cpu in (over, None):
+            replay.mamba_track_mask = torch.tensor(over)
+            replay.mamba_prefill_track_mask_cpu = mask_cpu
+            with pytest.raises(RuntimeError, match="prefill breakable"):
+                hybrid.init_forward_metadata_out_graph(replay, in_capture=False)
+
+
+def test_track_rows_cover_every_batch_sglangs_scheduler_tracks():
+    """ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend (sglang's own
+    code, with and without DCP) tracks a request only when its extend holds at
+    least one mamba cache chunk, so a batch of T tokens tracks at most
+    track_rows(T, R, cache chunk) requests."""
+    from sglang.srt import runtime_context
+    from sglang.srt.managers import schedule_batch
+
+    rng = random.Random(3)
+    seen = set()
+    for dcp in (False, True):
+        for _ in range(400):
+            cache_chunk = rng.choice([64, 128, 256])
+            page = rng.choice([1, 16, 64, cache_chunk, 2 * cache_chunk])
+            prefix = rng.choice([0, rng.randint(0, 4 * cache_chunk)])
+            extend = rng.randint(1, 3 * cache_chunk)
+            req = SimpleNamespace(
+                prefix_len=prefix, extend_len=extend, extend_end=prefix + extend,
+                mamba_branching_seqlen=None,
+                kv=SimpleNamespace(mamba_next_track_idx=5),
+            )  # fmt: skip
+            batch = SimpleNamespace(
+                model_config=SimpleNamespace(
+                    hf_text_config=SimpleNamespace(mamba_chunk_size=64)
+                ),
+                tree_cache=SimpleNamespace(page_size=page),
+                req_to_token_pool=SimpleNamespace(
+                    get_mamba_ping_pong_other_idx=lambda i: i + 1
+                ),
             )
+            exec_ctx = SimpleNamespace(
+                mamba=SimpleNamespace(enable_mamba_extra_buffer_lazy=False)
+            )
+            with (
+                mock.patch.object(
+                    schedule_batch, "mamba_cache_chunk_size", lambda: cache_chunk
+                ),
+                mock.patch.object(
+                    runtime_context, "mamba_cache_chunk_size", lambda: cache_chunk
+                ),
+                mock.patch.object(
+                    schedule_batch,
+                    "get_parallel",
+                    lambda: SimpleNamespace(dcp_enabled=dcp),
+                ),
+                mock.patch.object(schedule_batch, "get_exec", lambda: exec_ctx),
+            ):
+                entry = schedule_batch.ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend(
+                    batch, req
+                )
+            seen.add((dcp, entry.track_mask))
+            if entry.track_mask:
+                assert extend >= cache_chunk, (dcp, cache_chunk, page, prefix, extend)
+                assert track_rows(extend, 1, cache_chunk) == 1
+    assert seen == {(d, t) for d in (False, True) for t in (False, True)}
 
 
 def _snapshot_inputs(case, seed):
@@ -380,7 +479,7 @@ def _snapshot_inputs(case, seed):
 
 def test_mamba2_snapshots_on_graph_tables_equal_upstreams_track_copies():
     """Through Mamba2AttnBackend.forward (a layer whose MambaMixer2.forward
-    returns given chunk states and per-slot recomputed states): the snapshot
+    returns given chunk states and the track rows' recomputed states): the snapshot
     copies on the graph metadata write every track slot as upstream's
     _track_mamba_state_extend does on the eager metadata of the same batch
     (the recomputed states of its recompute rows), and nothing else but the
@@ -401,8 +500,10 @@ def test_mamba2_snapshots_on_graph_tables_equal_upstreams_track_copies():
                     track_states=track_states[:, rows] if rows is not None else None,
                 )  # fmt: skip
             graph = ssm.clone()
+            # The SSD recomputes the track rows' request slots.
+            graph_track = track_states[:, meta.track.src] if meta.track else None
             layer = SimpleNamespace(
-                forward=lambda **kw: (kw["hidden_states"], h, track_states)
+                forward=lambda **kw: (kw["hidden_states"], h, graph_track)
             )
             backend.req_to_token_pool.mamba2_layer_cache = lambda layer_id: (
                 SimpleNamespace(conv=[None], temporal=graph)
@@ -411,6 +512,7 @@ def test_mamba2_snapshots_on_graph_tables_equal_upstreams_track_copies():
                 layer, torch.zeros(case.bucket, 4), None, layer_id=0,
                 forward_batch=capture_batch(case, track=True),
             )  # fmt: skip
-        modes.update(meta.track.mode.tolist())
+        if meta.track is not None:
+            modes.update(meta.track.mode.tolist())
         assert torch.equal(graph[1:], eager[1:]), vars(case)
     assert {TRACK_FINAL_STATE, TRACK_GRID_STATE, TRACK_RECOMPUTE_STATE} <= modes

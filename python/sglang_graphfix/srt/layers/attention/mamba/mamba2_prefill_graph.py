@@ -38,11 +38,17 @@ Layout of one bucket:
   ``(PAD_SLOT_ID, 0)`` past the work (same bound argument).
 
 ``Mamba2PrefillTrackTables`` holds the prefix-cache snapshot plan the same way:
-one row per request slot with a mode instead of the eager path's masked index
-lists (``_init_track_ssm_indices`` with ``build_prefill_track_plan(mamba2=True)``
-and ``_init_track_conv_indices``), so a captured extend can snapshot with
-fixed-shape gathers and one scatter whose untracked rows land in the padding
-slot.
+K rows with a mode instead of the eager path's masked index lists
+(``_init_track_ssm_indices`` with ``build_prefill_track_plan(mamba2=True)`` and
+``_init_track_conv_indices``), so a captured extend can snapshot with
+fixed-shape gathers and one scatter whose filler rows land in the padding slot.
+The tracked request slots are packed into the first rows on the device. sglang
+tracks a request only when its extend holds at least one cache chunk
+(``ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend``: ``extend_len >=
+mamba_checkpoint_grid``, a multiple of ``mamba_cache_chunk_size()``; with DCP a
+chunk-aligned span inside the extend), so a T-token bucket needs K = min(R,
+T // cache chunk) rows (``track_rows``), and none below one cache chunk: the
+recompute and snapshot work of a short prefill is not paid for every slot.
 """
 
 from __future__ import annotations
@@ -87,6 +93,12 @@ def max_logical_chunks(num_tokens: int, max_requests: int, chunk_size: int) -> i
 def max_conv_blocks(num_tokens: int, max_requests: int) -> int:
     """(sequence, block) rows of the conv kernel for the same batches."""
     return triton.cdiv(num_tokens, CAUSAL_CONV1D_FWD_BLOCK_M) + max_requests
+
+
+def track_rows(num_tokens: int, max_requests: int, cache_chunk_size: int) -> int:
+    """Snapshot rows of a bucket: the most requests of a ``num_tokens`` batch
+    that sglang tracks, each extending at least ``cache_chunk_size`` tokens."""
+    return min(max_requests, num_tokens // cache_chunk_size)
 
 
 @dataclass(frozen=True)
@@ -207,34 +219,47 @@ class Mamba2PrefillGraphTables:
 
 @dataclass(frozen=True)
 class Mamba2PrefillTrackTables:
-    """Prefix-cache snapshot plan of one bucket, one row per request slot."""
+    """Prefix-cache snapshot plan of one bucket: ``num_rows`` (K) rows, the
+    tracked request slots first, then filler rows (mode TRACK_NONE, the
+    padding slot, request slot 0's sequence)."""
 
     max_requests: int
+    num_rows: int
     conv_len: int
-    mode: torch.Tensor  # [R] int32, TRACK_*
-    dst: torch.Tensor  # [R] int64 track slot, the padding slot when untracked
-    h_src: torch.Tensor  # [R] int64 flat chunk of a grid row, else 0
+    src: torch.Tensor  # [K] int64 request slot of the row
+    mode: torch.Tensor  # [K] int32, TRACK_*
+    dst: torch.Tensor  # [K] int64 track slot, the padding slot for a filler
+    h_src: torch.Tensor  # [K] int64 flat chunk of a grid row, else 0
     end_loc: (
         torch.Tensor
-    )  # [R] int64 snapshot token of a recompute row, else the row's end
-    conv_window: torch.Tensor  # [R, conv_len] int64 pre-conv token rows
+    )  # [K] int64 snapshot token of a recompute row, else the row's end
+    conv_window: torch.Tensor  # [K, conv_len] int64 pre-conv token rows
 
     @classmethod
     def allocate(
-        cls, *, max_requests: int, conv_len: int, device: torch.device | str
+        cls,
+        *,
+        max_requests: int,
+        num_rows: int,
+        conv_len: int,
+        device: torch.device | str,
     ) -> Mamba2PrefillTrackTables:
+        assert 1 <= num_rows <= max_requests, (num_rows, max_requests)
+
         def table(*shape, dtype=torch.int64):
             return torch.zeros(shape, dtype=dtype, device=device)
 
-        R = max_requests
+        K = num_rows
         return cls(
-            max_requests=R,
+            max_requests=max_requests,
+            num_rows=K,
             conv_len=conv_len,
-            mode=table(R, dtype=torch.int32),
-            dst=table(R),
-            h_src=table(R),
-            end_loc=table(R),
-            conv_window=table(R, conv_len),
+            src=table(K),
+            mode=table(K, dtype=torch.int32),
+            dst=table(K),
+            h_src=table(K),
+            end_loc=table(K),
+            conv_window=table(K, conv_len),
         )
 
     def fill(
@@ -251,8 +276,9 @@ class Mamba2PrefillTrackTables:
         """Rewrite the plan for the batch ``tables`` was just filled with. The
         track inputs (``mamba_track_mask`` / ``_seqlens`` / translated
         ``_indices``) may hold only the batch's rows: missing rows are not
-        tracked. ``cache_chunk_size`` is ``mamba_cache_chunk_size()``."""
-        R, C = self.max_requests, tables.chunk_size
+        tracked. At most ``num_rows`` rows may be tracked (the caller's host
+        check); ``cache_chunk_size`` is ``mamba_cache_chunk_size()``."""
+        R, K, C = self.max_requests, self.num_rows, tables.chunk_size
         assert tables.max_requests == R, (tables.max_requests, R)
         device = self.mode.device
 
@@ -260,10 +286,17 @@ class Mamba2PrefillTrackTables:
             assert t.dim() == 1 and t.shape[0] <= R, tuple(t.shape)
             return torch.nn.functional.pad(t.to(dtype), (0, R - t.shape[0]))
 
+        # Row k snapshots the (k + 1)-th tracked request slot; past the tracked
+        # count, a filler on slot 0 (a real request in every batch).
         tracked = rows(track_mask) != 0
-        starts = tables.query_start_loc[:R].to(torch.int64)
-        seq_ends = tables.query_start_loc[1 : R + 1].to(torch.int64)
-        length = rows(track_seq_lens) - rows(extend_prefix_lens)
+        row = torch.arange(K, device=device)
+        src = torch.searchsorted(torch.cumsum(tracked, 0), row + 1)
+        live = src < R
+        src = torch.where(live, src, 0)
+        self.src.copy_(src)
+        starts = tables.query_start_loc[src].to(torch.int64)
+        seq_ends = tables.query_start_loc[src + 1].to(torch.int64)
+        length = (rows(track_seq_lens) - rows(extend_prefix_lens))[src]
         # build_prefill_track_plan(mamba2=True), per row.
         end = starts + length // C * C
         mode = torch.where(
@@ -271,12 +304,12 @@ class Mamba2PrefillTrackTables:
             TRACK_FINAL_STATE,
             torch.where(end % C == 0, TRACK_GRID_STATE, TRACK_RECOMPUTE_STATE),
         )
-        mode = torch.where(tracked, mode, TRACK_NONE)
+        mode = torch.where(live, mode, TRACK_NONE)
         self.mode.copy_(mode)
-        self.dst.copy_(torch.where(tracked, rows(track_slots), pad_slot))
+        self.dst.copy_(torch.where(live, rows(track_slots)[src], pad_slot))
         self.h_src.copy_(torch.where(mode == TRACK_GRID_STATE, end // C, 0))
-        # Untracked rows recompute their whole sequence (a segment that is never
-        # empty at token 0 for a real batch); the result is not used.
+        # Fillers recompute slot 0's whole sequence (never empty at token 0 for
+        # a real batch); the result is not used.
         self.end_loc.copy_(torch.where(mode == TRACK_RECOMPUTE_STATE, end, seq_ends))
         # _init_track_conv_indices: the window ends at the cache-chunk-aligned
         # length, clamped into the batch's tokens.
@@ -298,11 +331,12 @@ class Mamba2FullGraphMetadata(Mamba2Metadata):
     ``extend_seq_lens_cpu`` is its launch bound, not the batch's lengths (R + 1
     sequences of up to T tokens: the conv kernel skips blocks past a sequence's
     end, which it reads from ``query_start_loc`` on the device). With the
-    prefix-cache track on, every request slot is a snapshot row: the conv
-    window scatter (``track_conv_indices`` [R, conv_len] into
-    ``conv_states_mask_indices``, the padding slot when untracked) and the SSD's
-    recompute rows (``track_ssm_seq_idx`` = every slot); the SSM snapshot copy
-    is hybrid_linear_attn_backend.snapshot_mamba2_states_on_graph_tables."""
+    prefix-cache track on and a bucket of at least one cache chunk, the K
+    snapshot rows: the conv window scatter (``track_conv_indices`` [K, conv_len]
+    into ``conv_states_mask_indices``, the padding slot for a filler) and the
+    SSD's recompute rows (``track_ssm_seq_idx``, the rows' request slots); the
+    SSM snapshot copy is
+    hybrid_linear_attn_backend.snapshot_mamba2_states_on_graph_tables."""
 
     tables: Mamba2PrefillGraphTables
     track: Mamba2PrefillTrackTables | None = None
@@ -314,7 +348,6 @@ class Mamba2FullGraphMetadata(Mamba2Metadata):
         track: Mamba2PrefillTrackTables | None,
     ) -> Mamba2FullGraphMetadata:
         R, T = tables.max_requests, tables.num_tokens
-        device = tables.seq_idx.device
         return cls(
             query_start_loc=tables.query_start_loc,
             mamba_cache_indices=tables.cache_indices,
@@ -324,9 +357,7 @@ class Mamba2FullGraphMetadata(Mamba2Metadata):
             has_mamba_track_mask=track is not None,
             track_conv_indices=track.conv_window if track is not None else None,
             conv_states_mask_indices=track.dst if track is not None else None,
-            track_ssm_seq_idx=(
-                torch.arange(R, device=device) if track is not None else None
-            ),
+            track_ssm_seq_idx=track.src if track is not None else None,
             track_ssm_end_locs=track.end_loc if track is not None else None,
             mixed_metadata=Mamba2Metadata.MixedMetadata(
                 has_initial_states=tables.has_initial_states,
@@ -350,24 +381,29 @@ def full_prefill_graph_metadata(
     prefill runner's slot-padded view of the batch (R request slots, zero
     lengths on pool row 0 past the batch). The track tables exist when the
     capture batch carries a track mask (the mamba extra buffer with the radix
-    cache): any replay of the bucket may snapshot."""
+    cache) and the bucket holds a cache chunk: any replay of the bucket may
+    snapshot up to ``track_rows`` requests, which a replay checks on the host
+    (``mamba_prefill_track_mask_cpu``) and refuses past."""
     bucket = forward_batch.input_ids.shape[0]
     slots = backend._translate_mamba_indices(
         backend.req_to_token_pool.get_mamba_indices(forward_batch.req_pool_indices)
     )
     store = backend.__dict__.setdefault("mamba2_full_prefill_graph_metadata", {})
     if in_capture:
+        R = forward_batch.batch_size
         tables = Mamba2PrefillGraphTables.allocate(
             num_tokens=bucket,
-            max_requests=forward_batch.batch_size,
+            max_requests=R,
             chunk_size=backend.mamba_chunk_size,
             cache_index_dtype=slots.dtype,
             device=backend.device,
         )
+        K = track_rows(bucket, R, mamba_cache_chunk_size())
         track = None
-        if forward_batch.mamba_track_mask is not None:
+        if forward_batch.mamba_track_mask is not None and K > 0:
             track = Mamba2PrefillTrackTables.allocate(
-                max_requests=forward_batch.batch_size,
+                max_requests=R,
+                num_rows=K,
                 conv_len=backend.conv_states_shape[-1],
                 device=backend.device,
             )
@@ -379,12 +415,7 @@ def full_prefill_graph_metadata(
                 f"Mamba2 full prefill graph: no metadata was captured for the "
                 f"{bucket}-token bucket (captured: {sorted(store)})"
             )
-        if forward_batch.mamba_track_mask is not None and meta.track is None:
-            raise RuntimeError(
-                "Mamba2 full prefill graph: a prefix-cache track batch replayed "
-                "on a bucket captured without track copies (no track mask at "
-                "capture)"
-            )
+        _check_tracked_requests(forward_batch, meta, bucket)
     if forward_batch.batch_size != meta.tables.max_requests:
         raise RuntimeError(
             f"Mamba2 full prefill graph: the batch holds {forward_batch.batch_size} "
@@ -402,12 +433,30 @@ def full_prefill_graph_metadata(
     return meta
 
 
+def _check_tracked_requests(forward_batch, meta, bucket: int) -> None:
+    """A replay snapshots at most the bucket's track rows: counted on the host
+    from the scheduler's mask, and refused when the count is missing."""
+    if forward_batch.mamba_track_mask is None:
+        return
+    rows = meta.track.num_rows if meta.track is not None else 0
+    mask_cpu = forward_batch.mamba_prefill_track_mask_cpu
+    tracked = sum(map(bool, mask_cpu)) if mask_cpu is not None else None
+    if tracked is None or tracked > rows:
+        raise RuntimeError(
+            f"Mamba2 full prefill graph: the {bucket}-token bucket has {rows} "
+            f"prefix-cache snapshot row(s) and the batch tracks "
+            f"{'an unknown number of' if tracked is None else tracked} "
+            "request(s); sglang tracks only requests that extend at least one "
+            "mamba cache chunk. Use --cuda-graph-backend-prefill breakable."
+        )
+
+
 def _fill_track(backend, forward_batch, meta: Mamba2FullGraphMetadata) -> None:
     """The eager track selection's inputs (MambaAttnBackendBase._forward_metadata:
     the mask, the tracked lengths, the translated track slots); none tracks
     nothing (e.g. a replay without the track slots)."""
     mask = forward_batch.mamba_track_mask
-    R, device = meta.track.max_requests, meta.tables.seq_idx.device
+    R, device = meta.tables.max_requests, meta.tables.seq_idx.device
     if mask is None:
         mask = torch.zeros(R, dtype=torch.bool, device=device)
         lens = track_slots = torch.zeros(R, dtype=torch.int64, device=device)

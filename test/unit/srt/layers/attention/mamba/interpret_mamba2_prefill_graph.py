@@ -58,7 +58,7 @@ for module in (ssd_bmm, ssd_chunk_scan, ssd_chunk_state, ssd_state_passing):
 MUTATIONS = {
     "inert-rows-at-offset-0": 0,
     "tail-in-last-request": 1,
-    "recompute-end-off-by-one": 12,
+    "recompute-end-off-by-one": 14,
 }
 HEADS, HEAD_DIM, GROUPS, STATE, CONV_DIM, WIDTH = 2, 8, 1, 8, 16, 4
 
@@ -165,26 +165,25 @@ def run_case(seed, mutate=""):
     track = filled_track(case, t)
     if mutate == "recompute-end-off-by-one" and track is not None:
         track.end_loc[track.mode == TRACK_RECOMPUTE_STATE] += 1
-    rows = torch.arange(case.slots)
     graph_out, graph_states, graph_varlen, graph_track = _ssd(
         w, case.bucket, chunk=C, seq_idx=t.seq_idx, chunk_indices=t.chunk_indices,
         chunk_offsets=t.chunk_offsets, cu=t.query_start_loc, initial=initial,
-        track_seq_idx=rows if track is not None else None,
+        track_seq_idx=track.src if track is not None else None,
         track_end_locs=track.end_loc if track is not None else None,
     )  # fmt: skip
-    # The captured snapshot: one fixed-shape select per request slot.
+    # The captured snapshot: one fixed-shape select per track row.
     graph_snapshots = {}
     if track is not None:
         snapshot = torch.where(
             (track.mode == TRACK_FINAL_STATE)[:, None, None, None],
-            graph_varlen[: case.slots],
+            graph_varlen[track.src],
             torch.where(
                 (track.mode == TRACK_GRID_STATE)[:, None, None, None],
                 graph_states[0, track.h_src],
                 graph_track[0],
             ),
         )
-        for r in range(case.slots):
+        for r in range(track.num_rows):
             if track.mode[r] != TRACK_NONE:
                 graph_snapshots[int(track.dst[r])] = snapshot[r]
 
