@@ -362,7 +362,7 @@ def test_mamba2_replay_without_its_capture_fails_clearly():
     case = make_mamba2_case(4)
     with _mamba2_graph_runtime(case):
         backend = mamba2_backend(case.chunk)
-        with pytest.raises(RuntimeError, match="no metadata was captured"):
+        with pytest.raises(RuntimeError, match="no tables were captured"):
             _hybrid(backend).init_forward_metadata_out_graph(
                 replay_view(case, mamba2_live_batch(case)), in_capture=False
             )

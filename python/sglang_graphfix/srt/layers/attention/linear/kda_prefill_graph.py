@@ -42,6 +42,32 @@ from sglang_graphfix_kernel.linear_prefill_tables import (
 )
 
 
+def bucket_tables(backend, store: str, forward_batch, *, in_capture, allocate, family):
+    """The full prefill graph's entry for ``forward_batch``'s token bucket in the
+    per-bucket dict ``store`` on ``backend`` (every linear family keeps one):
+    ``allocate()``'s result at capture; at replay the captured one, or a
+    RuntimeError naming the buckets that were captured."""
+    bucket = forward_batch.input_ids.shape[0]
+    entries = backend.__dict__.setdefault(store, {})
+    if in_capture:
+        entries[bucket] = allocate()
+    elif bucket not in entries:
+        raise RuntimeError(
+            f"{family} full prefill graph: no tables were captured for the "
+            f"{bucket}-token bucket (captured: {sorted(entries)})"
+        )
+    return entries[bucket]
+
+
+def request_slots(backend, forward_batch) -> torch.Tensor:
+    """The request slots' physical mamba slots (as
+    MambaAttnBackendBase._forward_metadata resolves them; padding rows carry
+    request-pool row 0, the reserved padding slot)."""
+    return backend._translate_mamba_indices(
+        backend.req_to_token_pool.get_mamba_indices(forward_batch.req_pool_indices)
+    )
+
+
 def full_prefill_graph_tables(
     backend, forward_batch: ForwardBatch, *, in_capture: bool, family: str
 ) -> KDAPrefillGraphMetadata:
@@ -50,35 +76,30 @@ def full_prefill_graph_tables(
     batch. Host work is the same for one request or for every request slot."""
     bucket = forward_batch.input_ids.shape[0]
     bs = num_real_requests(forward_batch.extend_seq_lens_cpu)
-    # Same slot resolution as MambaAttnBackendBase._forward_metadata.
-    cache_indices = backend._translate_mamba_indices(
-        backend.req_to_token_pool.get_mamba_indices(forward_batch.req_pool_indices)
-    )
-    tables = backend.__dict__.setdefault("full_prefill_graph_tables", {})
-    if in_capture:
-        # Sized by the runner's request slots (every replayed request holds at
-        # least one token), not the breakable graph's SGLANG_KDA_PREFILL_GRAPH_MAX_SEQS.
-        meta = tables[bucket] = KDAPrefillGraphMetadata.allocate(
+    cache_indices = request_slots(backend, forward_batch)
+    # Sized by the runner's request slots (every replayed request holds at least
+    # one token), not the breakable graph's SGLANG_KDA_PREFILL_GRAPH_MAX_SEQS.
+    meta = bucket_tables(
+        backend,
+        "full_prefill_graph_tables",
+        forward_batch,
+        in_capture=in_capture,
+        allocate=lambda: KDAPrefillGraphMetadata.allocate(
             num_tokens=bucket,
             max_seqs_cap=forward_batch.batch_size,
             # Any replay of the bucket may carry prefix-cache snapshots.
             track=backend.req_to_token_pool.enable_mamba_extra_buffer,
             cache_index_dtype=cache_indices.dtype,
             device=backend.device,
+        ),
+        family=family,
+    )
+    if not in_capture and forward_batch.mamba_track_mask is not None and not meta.track:
+        raise RuntimeError(
+            f"{family} full prefill graph: a prefix-cache track batch replayed "
+            "on tables captured without track copies (the mamba extra buffer "
+            "was off at capture)"
         )
-    else:
-        meta = tables.get(bucket)
-        if meta is None:
-            raise RuntimeError(
-                f"{family} full prefill graph: no tables were captured for the "
-                f"{bucket}-token bucket (captured: {sorted(tables)})"
-            )
-        if forward_batch.mamba_track_mask is not None and not meta.track:
-            raise RuntimeError(
-                f"{family} full prefill graph: a prefix-cache track batch replayed "
-                "on tables captured without track copies (the mamba extra buffer "
-                "was off at capture)"
-            )
     if bs > meta.max_seqs:
         raise RuntimeError(
             f"{family} full prefill graph: {bs} requests exceed the "

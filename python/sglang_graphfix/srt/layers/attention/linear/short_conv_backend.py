@@ -23,6 +23,10 @@ from sglang.kernels.ops.mamba.causal_conv1d_triton import PAD_SLOT_ID
 from sglang.srt.layers.attention.mamba.mamba2_metadata import ForwardMetadata
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang_graphfix.srt import full_prefill_graph_capability as capability
+from sglang_graphfix.srt.layers.attention.linear.kda_prefill_graph import (
+    bucket_tables,
+    request_slots,
+)
 
 
 @dataclass
@@ -90,30 +94,26 @@ def prepare_short_conv_full_prefill_graph_tables(
     capability model asserts first at capture."""
     if in_capture:
         capability.require_capturable_full_prefill_graph(backend)
-    bucket = forward_batch.input_ids.shape[0]
-    store = backend.__dict__.setdefault("short_conv_full_prefill_graph_tables", {})
-    if in_capture:
-        tables = store[bucket] = ShortConvPrefillGraphTables.allocate(
+    tables = bucket_tables(
+        backend,
+        "short_conv_full_prefill_graph_tables",
+        forward_batch,
+        in_capture=in_capture,
+        allocate=lambda: ShortConvPrefillGraphTables.allocate(
             max_requests=forward_batch.batch_size,
             cache_index_dtype=backend.cache_indices_dtype,
             device=backend.device,
-        )
-    else:
-        tables = store.get(bucket)
-        if tables is None:
-            raise RuntimeError(
-                f"short-conv full prefill graph: no tables were captured for the "
-                f"{bucket}-token bucket (captured: {sorted(store)})"
-            )
+        ),
+        family="short-conv",
+    )
     if forward_batch.batch_size != tables.max_requests:
         raise RuntimeError(
             f"short-conv full prefill graph: the batch holds "
-            f"{forward_batch.batch_size} request slots, the {bucket}-token bucket "
-            f"was captured with {tables.max_requests}"
+            f"{forward_batch.batch_size} request slots, the "
+            f"{forward_batch.input_ids.shape[0]}-token bucket was captured with "
+            f"{tables.max_requests}"
         )
-    slots = backend._translate_mamba_indices(
-        backend.req_to_token_pool.get_mamba_indices(forward_batch.req_pool_indices)
-    )
+    slots = request_slots(backend, forward_batch)
     tables.fill(
         extend_seq_lens=forward_batch.extend_seq_lens,
         extend_prefix_lens=forward_batch.extend_prefix_lens,

@@ -69,6 +69,10 @@ from sglang.kernels.ops.mamba.kda_prefill_track import (
 )
 from sglang.srt.layers.attention.mamba.mamba2_metadata import Mamba2Metadata
 from sglang.srt.runtime_context import mamba_cache_chunk_size
+from sglang_graphfix.srt.layers.attention.linear.kda_prefill_graph import (
+    bucket_tables,
+    request_slots,
+)
 
 # The mamba pools reserve slot 0 for padding (the runner's padded request rows
 # carry request-pool row 0, which maps to it): the tail sequence writes there.
@@ -385,36 +389,16 @@ def full_prefill_graph_metadata(
     snapshot up to ``track_rows`` requests, which a replay checks on the host
     (``mamba_prefill_track_mask_cpu``) and refuses past."""
     bucket = forward_batch.input_ids.shape[0]
-    slots = backend._translate_mamba_indices(
-        backend.req_to_token_pool.get_mamba_indices(forward_batch.req_pool_indices)
+    slots = request_slots(backend, forward_batch)
+    meta = bucket_tables(
+        backend,
+        "mamba2_full_prefill_graph_metadata",
+        forward_batch,
+        in_capture=in_capture,
+        allocate=lambda: _allocate_metadata(backend, forward_batch, slots.dtype),
+        family="Mamba2",
     )
-    store = backend.__dict__.setdefault("mamba2_full_prefill_graph_metadata", {})
-    if in_capture:
-        R = forward_batch.batch_size
-        tables = Mamba2PrefillGraphTables.allocate(
-            num_tokens=bucket,
-            max_requests=R,
-            chunk_size=backend.mamba_chunk_size,
-            cache_index_dtype=slots.dtype,
-            device=backend.device,
-        )
-        K = track_rows(bucket, R, mamba_cache_chunk_size())
-        track = None
-        if forward_batch.mamba_track_mask is not None and K > 0:
-            track = Mamba2PrefillTrackTables.allocate(
-                max_requests=R,
-                num_rows=K,
-                conv_len=backend.conv_states_shape[-1],
-                device=backend.device,
-            )
-        meta = store[bucket] = Mamba2FullGraphMetadata.on_tables(tables, track)
-    else:
-        meta = store.get(bucket)
-        if meta is None:
-            raise RuntimeError(
-                f"Mamba2 full prefill graph: no metadata was captured for the "
-                f"{bucket}-token bucket (captured: {sorted(store)})"
-            )
+    if not in_capture:
         _check_tracked_requests(forward_batch, meta, bucket)
     if forward_batch.batch_size != meta.tables.max_requests:
         raise RuntimeError(
@@ -431,6 +415,29 @@ def full_prefill_graph_metadata(
         _fill_track(backend, forward_batch, meta)
     backend.forward_metadata = meta
     return meta
+
+
+def _allocate_metadata(backend, forward_batch, cache_index_dtype):
+    """The bucket's tables over the capture batch's request slots, with track
+    tables when that batch carries a track mask and the bucket has track rows."""
+    R, T = forward_batch.batch_size, forward_batch.input_ids.shape[0]
+    tables = Mamba2PrefillGraphTables.allocate(
+        num_tokens=T,
+        max_requests=R,
+        chunk_size=backend.mamba_chunk_size,
+        cache_index_dtype=cache_index_dtype,
+        device=backend.device,
+    )
+    K = track_rows(T, R, mamba_cache_chunk_size())
+    track = None
+    if forward_batch.mamba_track_mask is not None and K > 0:
+        track = Mamba2PrefillTrackTables.allocate(
+            max_requests=R,
+            num_rows=K,
+            conv_len=backend.conv_states_shape[-1],
+            device=backend.device,
+        )
+    return Mamba2FullGraphMetadata.on_tables(tables, track)
 
 
 def _check_tracked_requests(forward_batch, meta, bucket: int) -> None:
