@@ -529,6 +529,9 @@ def mamba2() -> list:
     names[(gaps, "granite_moe_hybrid_extra_buffer")] = (
         "tiny GraniteMoeHybrid (bf16), extra buffer"
     )
+    names[("gpu/mamba2_2026-12-03/", "falcon_h1_extra_buffer")] = (
+        "tiny Falcon-H1 (bf16), extra buffer, K track rows per bucket (2026-12-03)"
+    )
     reports = []
     for (folder, case), label in names.items():
         report = _load(f"{folder}mamba2_full_prefill_vs_eager_{case}.json")
@@ -619,6 +622,48 @@ def served_profile() -> list:
             f"| {markers['runner.load_batch']['ms']:.1f} "
             f"| {markers['graph.replay_full']['ms']:.1f} "
             f"| {markers['logits_processor']['ms']:.1f} | {top} |"
+        )
+    return rows + ["", provenance_line(report)]
+
+
+MAMBA2_PROFILE = "gpu/mamba2_2026-12-03/prefill_graph_profile.json"
+
+
+def mamba2_profile() -> list:
+    """Falcon-H1-7B's prefill forward, full vs breakable, profiled in the
+    scheduler with the radix cache on (benchmark/prefill_graph_latency.py
+    --models falcon-h1-7b --profile --radix; results/gpu/mamba2_2026-12-03/):
+    per shape the forward and the device ops only the full graph adds most."""
+    report = _load(MAMBA2_PROFILE)
+    model = report["models"]["falcon-h1-7b"]
+    rows = [
+        "",
+        "Falcon-H1-7B (issue 16): one prefill forward, full graph (K track rows per "
+        "bucket) vs breakable, profiled in the scheduler (44 layers, dummy weights, "
+        "flashinfer attention, radix cache on, 16 request slots; torch.profiler per "
+        "forward, the unprofiled wall from forwards without it):",
+        "",
+        "| tokens x prompts | forward wall, full / breakable (ms) | GPU busy, full / "
+        "breakable (ms) | device ops the full graph adds most (ms per forward) |",
+        "| --- | --- | --- | --- |",
+    ]
+    for shape, full in model["full"].items():
+        breakable = model["breakable"][shape]
+        extra = sorted(
+            (
+                (ms - breakable["kernels"].get(name, (0.0, 0))[0], name)
+                for name, (ms, _calls) in full["kernels"].items()
+            ),
+            reverse=True,
+        )[:4]
+        adds = ", ".join(
+            f"`{name.removeprefix('void at::native::')[:32]}` +{delta:.2f}"
+            for delta, name in extra
+        )
+        rows.append(
+            f"| {shape} | {full['wall_ms_unprofiled']:.1f} / "
+            f"{breakable['wall_ms_unprofiled']:.1f} | {full['device_busy_ms']:.1f} / "
+            f"{breakable['device_busy_ms']:.1f} | {adds} |"
         )
     return rows + ["", provenance_line(report)]
 
@@ -760,6 +805,7 @@ def render() -> str:
         + plugin_and_fallback()
         + gdn_prefill_accuracy()
         + mamba2()
+        + mamba2_profile()
         + served_profile()
         + masked_state_copy()
         + gdn_prefill_kernel_choice()
