@@ -1,5 +1,6 @@
 # Source on the device machine, from the repository root, after the bundle parts
-# are under /tmp/gpu-bundle: assembles the offline sglang 0.5.23 site, puts it on
+# are under /tmp/gpu-bundle (parts re-split by test/gpu/resplit_bundle.sh so that
+# each call stays under the tool's 64 MiB): assembles the offline sglang 0.5.23 site, puts it on
 # PYTHONPATH (after assemble.sh, which would otherwise reset it; FlashInfer's GDN
 # kernels need nvidia_cutlass_dsl's packages), installs this tree into it and
 # checks the imports a block needs; with /tmp/jitcache present (a previous
