@@ -336,6 +336,8 @@ def track_mismatches(case, track):
         [src[k] for k in live],
         [r for r, t in enumerate(case.tracked) if t],
     )
+    if out:  # the per-mode checks below index by those slots
+        return out
     slots = meta.mamba_cache_indices
 
     def where(m):
@@ -355,6 +357,22 @@ def track_mismatches(case, track):
     check("recompute dst", dst[recompute], meta.track_ssm_recompute_dst)
     check("conv window", track.conv_window[live], meta.track_conv_indices)
     check("conv dst", dst[live], meta.conv_states_mask_indices)
+    return out
+
+
+def recompute_segment_errors(tables, track):
+    """What breaks ssd_combined._track_states_at's input on the plan: it
+    recomputes the consecutive segments [start, end_loc] of the track rows and
+    the gaps between them, and _chunk_state_varlen_kernel loads the token before
+    each segment's end, so the bounds must not decrease and none after the first
+    may be 0."""
+    starts = tables.query_start_loc[track.src].to(torch.int64)
+    bounds = torch.stack([starts, track.end_loc], 1).flatten()
+    out = []
+    if (bounds.diff() < 0).any():
+        out.append(f"recompute bounds decrease: {bounds.tolist()}")
+    if (bounds[1:] < 1).any():
+        out.append(f"a recompute segment ends at token 0: {bounds.tolist()}")
     return out
 
 

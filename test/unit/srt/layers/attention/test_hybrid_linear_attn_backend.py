@@ -19,6 +19,7 @@ from mamba2_prefill_graph_cases import (
     mamba2_backend,
     mismatches,
     random_case,
+    recompute_segment_errors,
     replay_view,
     track_mismatches,
 )
@@ -349,6 +350,7 @@ def test_plain_extend_on_mamba2_runs_on_the_buckets_static_metadata():
         K = track_rows(T, R, case.cache_chunk)
         if case.tracked and K:
             assert not track_mismatches(case, meta.track), vars(case)
+            assert not recompute_segment_errors(meta.tables, meta.track), vars(case)
             assert meta.track.num_rows == K
             assert meta.has_mamba_track_mask
             assert meta.track_conv_indices is meta.track.conv_window
@@ -472,7 +474,8 @@ def _snapshot_inputs(case, seed):
     gen = torch.Generator().manual_seed(seed)
     chunks = -(-case.bucket // case.chunk)
     h = torch.randn(1, chunks, 2, 4, 4, generator=gen)
-    track_states = torch.randn(1, case.slots, 2, 4, 4, generator=gen)
+    # The SSD's recomputed state per sequence: the request slots, then the tail.
+    track_states = torch.randn(1, case.slots + 1, 2, 4, 4, generator=gen)
     ssm = torch.randn(len(SLOT_OF_ROW) + 128, 2, 4, 4, generator=gen)
     return h, track_states, ssm
 

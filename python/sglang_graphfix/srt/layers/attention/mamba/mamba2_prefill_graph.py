@@ -225,12 +225,12 @@ class Mamba2PrefillGraphTables:
 class Mamba2PrefillTrackTables:
     """Prefix-cache snapshot plan of one bucket: ``num_rows`` (K) rows, the
     tracked request slots first, then filler rows (mode TRACK_NONE, the
-    padding slot, request slot 0's sequence)."""
+    padding slot, the bucket's tail sequence R)."""
 
     max_requests: int
     num_rows: int
     conv_len: int
-    src: torch.Tensor  # [K] int64 request slot of the row
+    src: torch.Tensor  # [K] int64 sequence of the row: its request slot, R for a filler
     mode: torch.Tensor  # [K] int32, TRACK_*
     dst: torch.Tensor  # [K] int64 track slot, the padding slot for a filler
     h_src: torch.Tensor  # [K] int64 flat chunk of a grid row, else 0
@@ -291,16 +291,21 @@ class Mamba2PrefillTrackTables:
             return torch.nn.functional.pad(t.to(dtype), (0, R - t.shape[0]))
 
         # Row k snapshots the (k + 1)-th tracked request slot; past the tracked
-        # count, a filler on slot 0 (a real request in every batch).
+        # count, src is R: a filler on the bucket's tail sequence, with an empty
+        # recompute segment at its start. The SSD recomputes consecutive
+        # segments [start, end_loc] of the rows and the gaps between them, and
+        # its varlen kernel reads the token before each end: segments in token
+        # order and no end at token 0 (the tail starts after the batch's tokens).
         tracked = rows(track_mask) != 0
         row = torch.arange(K, device=device)
         src = torch.searchsorted(torch.cumsum(tracked, 0), row + 1)
         live = src < R
-        src = torch.where(live, src, 0)
+        request = torch.where(live, src, 0)  # for the [R] request-slot inputs
         self.src.copy_(src)
         starts = tables.query_start_loc[src].to(torch.int64)
         seq_ends = tables.query_start_loc[src + 1].to(torch.int64)
-        length = (rows(track_seq_lens) - rows(extend_prefix_lens))[src]
+        length = (rows(track_seq_lens) - rows(extend_prefix_lens))[request]
+        length = torch.where(live, length, 0)
         # build_prefill_track_plan(mamba2=True), per row.
         end = starts + length // C * C
         mode = torch.where(
@@ -310,11 +315,15 @@ class Mamba2PrefillTrackTables:
         )
         mode = torch.where(live, mode, TRACK_NONE)
         self.mode.copy_(mode)
-        self.dst.copy_(torch.where(live, rows(track_slots)[src], pad_slot))
+        self.dst.copy_(torch.where(live, rows(track_slots)[request], pad_slot))
         self.h_src.copy_(torch.where(mode == TRACK_GRID_STATE, end // C, 0))
-        # Fillers recompute slot 0's whole sequence (never empty at token 0 for
-        # a real batch); the result is not used.
-        self.end_loc.copy_(torch.where(mode == TRACK_RECOMPUTE_STATE, end, seq_ends))
+        # Final and grid rows recompute their whole sequence (the result is not
+        # used), fillers nothing.
+        self.end_loc.copy_(
+            torch.where(
+                mode == TRACK_RECOMPUTE_STATE, end, torch.where(live, seq_ends, starts)
+            )
+        )
         # _init_track_conv_indices: the window ends at the cache-chunk-aligned
         # length, clamped into the batch's tokens.
         aligned = length // cache_chunk_size * cache_chunk_size

@@ -22,6 +22,7 @@ from mamba2_prefill_graph_cases import (
     filled_track,
     mismatches,
     random_case,
+    recompute_segment_errors,
     track_mismatches,
 )
 from triton_interpreter import run_interpreted
@@ -79,7 +80,9 @@ def test_track_plan_equals_sglangs_eager_track_selection(cases):
         if track is None:
             continue
         modes.update(track.mode.tolist())
-        found = track_mismatches(case, track)
+        found = track_mismatches(case, track) + recompute_segment_errors(
+            filled_tables(case), track
+        )
         if found:
             bad[i] = (vars(case), found)
     assert not bad, bad
