@@ -364,8 +364,8 @@ def recompute_segment_errors(tables, track):
     """What breaks ssd_combined._track_states_at's input on the plan: it
     recomputes the consecutive segments [start, end_loc] of the track rows and
     the gaps between them, and _chunk_state_varlen_kernel loads the token before
-    each segment's end, so the bounds must not decrease and none after the first
-    may be 0."""
+    each segment's end, so the bounds must not decrease, none after the first
+    may be 0 and none may pass the batch's tokens."""
     starts = tables.query_start_loc[track.src].to(torch.int64)
     bounds = torch.stack([starts, track.end_loc], 1).flatten()
     out = []
@@ -373,6 +373,8 @@ def recompute_segment_errors(tables, track):
         out.append(f"recompute bounds decrease: {bounds.tolist()}")
     if (bounds[1:] < 1).any():
         out.append(f"a recompute segment ends at token 0: {bounds.tolist()}")
+    if (bounds > tables.num_logical_tokens.to(torch.int64)).any():
+        out.append(f"a recompute bound passes the batch: {bounds.tolist()}")
     return out
 
 

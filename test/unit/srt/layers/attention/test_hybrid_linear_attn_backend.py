@@ -503,7 +503,7 @@ def test_mamba2_snapshots_on_graph_tables_equal_upstreams_track_copies():
                     track_states=track_states[:, rows] if rows is not None else None,
                 )  # fmt: skip
             graph = ssm.clone()
-            # The SSD recomputes the track rows' request slots.
+            # The SSD recomputes the track rows' sequences (the tail for fillers).
             graph_track = track_states[:, meta.track.src] if meta.track else None
             layer = SimpleNamespace(
                 forward=lambda **kw: (kw["hidden_states"], h, graph_track)

@@ -234,9 +234,9 @@ class Mamba2PrefillTrackTables:
     mode: torch.Tensor  # [K] int32, TRACK_*
     dst: torch.Tensor  # [K] int64 track slot, the padding slot for a filler
     h_src: torch.Tensor  # [K] int64 flat chunk of a grid row, else 0
-    end_loc: (
-        torch.Tensor
-    )  # [K] int64 snapshot token of a recompute row, else the row's end
+    # [K] int64 snapshot token of a recompute row, the row's end for final and
+    # grid rows, the row's start (an empty segment) for a filler
+    end_loc: torch.Tensor
     conv_window: torch.Tensor  # [K, conv_len] int64 pre-conv token rows
 
     @classmethod
@@ -347,7 +347,8 @@ class Mamba2FullGraphMetadata(Mamba2Metadata):
     prefix-cache track on and a bucket of at least one cache chunk, the K
     snapshot rows: the conv window scatter (``track_conv_indices`` [K, conv_len]
     into ``conv_states_mask_indices``, the padding slot for a filler) and the
-    SSD's recompute rows (``track_ssm_seq_idx``, the rows' request slots); the
+    SSD's recompute rows (``track_ssm_seq_idx``, the rows' sequences: request
+    slots, the tail R for a filler); the
     SSM snapshot copy is
     hybrid_linear_attn_backend.snapshot_mamba2_states_on_graph_tables."""
 

@@ -76,13 +76,12 @@ def test_tables_equal_sglangs_eager_metadata(cases):
 def test_track_plan_equals_sglangs_eager_track_selection(cases):
     bad, modes = {}, set()
     for i, case in enumerate(cases):
-        track = filled_track(case, filled_tables(case))
+        tables = filled_tables(case)
+        track = filled_track(case, tables)
         if track is None:
             continue
         modes.update(track.mode.tolist())
-        found = track_mismatches(case, track) + recompute_segment_errors(
-            filled_tables(case), track
-        )
+        found = track_mismatches(case, track) + recompute_segment_errors(tables, track)
         if found:
             bad[i] = (vars(case), found)
     assert not bad, bad
