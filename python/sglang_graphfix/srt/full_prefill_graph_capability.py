@@ -124,8 +124,8 @@ LFM2_FULL_PREFILL_GRAPH = True
 # With the K track rows per bucket, profiled in the scheduler (2026-12-03,
 # benchmark/results/gpu/mamba2_2026-12-03/): 21.0 vs 23.8 ms for 1 x 16 tokens,
 # 37.1 vs 20.3 ms for 8 x 64 (upstream's per-sequence state work over the
-# bucket's 16 request slots). While False, such a full prefill graph runs as breakable
-# (..arg_groups.cuda_graph_hook.route_mamba2_full_prefill_to_breakable).
+# bucket's 16 request slots). While False, such a full prefill graph runs as
+# breakable (..arg_groups.cuda_graph_hook.route_mamba2_full_prefill_to_breakable).
 MAMBA2_FULL_BEATS_BREAKABLE = False
 # What the H200 runs above covered: bfloat16 weights, one group (every case, the
 # kernel level included) and 8 (NemotronH "M-M*-", GPU case nemotron_h_groups8,

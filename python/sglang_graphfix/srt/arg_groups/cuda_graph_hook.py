@@ -248,11 +248,12 @@ def judge_prefill_graph_on_final_settings(original, server_args: Any):
 #          time to first token was above breakable's at every workload measured
 #          (MAMBA2_FULL_BEATS_BREAKABLE; profiled again with fewer track rows,
 #          2026-12-03: still 37.1 vs 20.3 ms for 8 x 64 tokens): a full graph
-#          asked for speed would cost it. Where sglang runs no prefill graph (NemotronH's MLP and MoE
-#          layers, Granite's Mamba2 layers, LFM2's conv layers) breakable means
-#          eager, which on Falcon-H1-7B was 3x slower than full for short
-#          prompts (141.7 vs 47.4 ms at 16 tokens) and matched or beat it at
-#          2k-16k tokens: the full graph stays there, a bet on short prompts.
+#          asked for speed would cost it. Where sglang runs no prefill graph
+#          (NemotronH's MLP and MoE layers, Granite's Mamba2 layers, LFM2's conv
+#          layers) breakable means eager, which on Falcon-H1-7B was 3x slower
+#          than full for short prompts (141.7 vs 47.4 ms at 16 tokens) and
+#          matched or beat it at 2k-16k tokens: the full graph stays there, a
+#          bet on short prompts.
 # How:     After upstream and before the capability judgement (so that no
 #          refusal asks for flags that would only lead here): on a full prefill
 #          graph of a Mamba2-mixer model with no layer sglang's graph setup finds

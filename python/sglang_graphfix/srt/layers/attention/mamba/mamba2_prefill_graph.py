@@ -230,7 +230,7 @@ class Mamba2PrefillTrackTables:
     max_requests: int
     num_rows: int
     conv_len: int
-    src: torch.Tensor  # [K] int64 sequence of the row: its request slot, R for a filler
+    src: torch.Tensor  # [K] int64 the row's sequence: request slot, R for a filler
     mode: torch.Tensor  # [K] int32, TRACK_*
     dst: torch.Tensor  # [K] int64 track slot, the padding slot for a filler
     h_src: torch.Tensor  # [K] int64 flat chunk of a grid row, else 0
