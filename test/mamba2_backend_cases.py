@@ -37,6 +37,9 @@ from mamba2_prefill_graph_cases import (
 
 from sglang.srt.layers.attention import hybrid_linear_attn_backend as upstream
 from sglang.srt.layers.attention.mamba import mamba
+from sglang_graphfix.srt.layers.attention import (
+    hybrid_linear_attn_backend as ours_hybrid,
+)
 from sglang_graphfix.srt.layers.attention.mamba import mamba2_prefill_graph as ours
 
 HIDDEN, HEADS, HEAD_DIM, GROUPS, STATE = 16, 2, 8, 1, 8
@@ -132,7 +135,11 @@ def run_case(seed, mutate="", *, device="cpu", capture_graph=False, chunks=(4, 8
     """The eager and the graph-side run of case ``seed``; a dict of the largest
     differences of the real tokens' outputs and of every conv/SSM pool slot but
     the reserved padding slot 0 (request slots, track slots and untouched slots
-    alike)."""
+    alike). On odd seeds the bucket has request buckets (capture_request_buckets,
+    recorded as the runner records them; on seeds 3 mod 4 one bucket, of one
+    request more than the batch), and the graph is the one the batch
+    replays: over the smallest request bucket that holds it, as the runner
+    captures it (CAPTURE_REQUEST_SLOTS set), else over every slot."""
     case = make_case(seed, chunks=chunks)
     gen = torch.Generator().manual_seed(seed)
     mixer = stand_in_mixer(gen, device)
@@ -162,9 +169,26 @@ def run_case(seed, mutate="", *, device="cpu", capture_graph=False, chunks=(4, 8
         graph_pools = Pools(conv, ssm)
         graph = backend_on(case, graph_pools, device)
         hybrid = hybrid_of(graph)
+        graph_slots = case.slots
+        if seed % 2:
+            buckets = ours_hybrid.capture_request_buckets(
+                graph, case.bucket, case.slots
+            )
+            padded = len(case.lens) + 1  # a request bucket with one padding slot
+            if seed % 4 == 3:
+                buckets = (padded,) if padded < min(case.slots, case.bucket) else ()
+            setattr(hybrid, ours_hybrid.REQUEST_BUCKETS, {case.bucket: buckets})
+            graph_slots = (
+                ours_hybrid.replay_request_slots(hybrid, case.bucket, len(case.lens))
+                or case.slots
+            )
+        if graph_slots < case.slots:
+            setattr(hybrid, ours_hybrid.CAPTURE_REQUEST_SLOTS, graph_slots)
         capture = capture_batch(case, track, device)
         hybrid.init_forward_metadata_out_graph(capture, in_capture=True)
+        setattr(hybrid, ours_hybrid.CAPTURE_REQUEST_SLOTS, None)
         captured_meta = graph.forward_metadata
+        assert captured_meta.tables.max_requests == graph_slots
         assert isinstance(captured_meta, ours.Mamba2FullGraphMetadata)
         # The warm-up forward (the SSD kernels autotune), on scratch pools.
         scratch = Pools(conv, ssm)
@@ -210,6 +234,7 @@ def run_case(seed, mutate="", *, device="cpu", capture_graph=False, chunks=(4, 8
         "bucket": case.bucket,
         "requests": len(case.lens),
         "slots": case.slots,
+        "graph_slots": graph_slots,
         "tokens": total,
         "prefix": any(case.prefix),
         "tracked": sum(case.tracked) if case.tracked else 0,

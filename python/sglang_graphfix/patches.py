@@ -23,6 +23,7 @@ from sglang_graphfix.srt.model_executor.model_runner_components import (
     weight_updater,
 )
 from sglang_graphfix.srt.model_executor.runner import prefill_cuda_graph_runner
+from sglang_graphfix.srt.model_executor.runner_backend import full_cuda_graph_backend
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,9 @@ PATCHES = (
     Patch(_SRT + "model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.capture", prefill_cuda_graph_runner.prepare_linear_attention_for_full_prefill_capture, HookType.AROUND),
     Patch(_SRT + "model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.capture", prefill_cuda_graph_runner.route_full_prefill_fallback, HookType.AROUND),
     Patch(_SRT + "model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.can_run_graph", prefill_cuda_graph_runner.count_prefill_paths, HookType.AROUND),
+    Patch(_SRT + "model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.capture_one_shape", prefill_cuda_graph_runner.capture_request_bucket_graphs, HookType.AROUND),
+    Patch(_SRT + "model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner._shape_key", prefill_cuda_graph_runner.replay_request_bucket_graph, HookType.AROUND),
+    Patch(_SRT + "model_executor.runner_backend.full_cuda_graph_backend.FullCudaGraphBackend.capture_one", full_cuda_graph_backend.key_graph_by_request_bucket, HookType.AROUND),
     Patch(_SRT + "model_executor.model_runner_components.cuda_graph_setup.has_standard_gqa_for_all_local_layers", cuda_graph_setup.keep_full_prefill_graph_across_mamba2_layer_gaps, HookType.AROUND),
     # DSA indexer weights_proj LoRA under the breakable prefill graph.
     Patch(_ATTN + "dsa.dsa_indexer.Indexer._get_logits_head_gate", dsa_indexer.lora_aware_head_gate, HookType.AROUND),

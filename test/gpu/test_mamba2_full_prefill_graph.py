@@ -217,10 +217,15 @@ def family(model):
     return FAMILY.get(model, "mamba2")
 
 
+# Per model and strategy: replays on each request bucket's tables (test probe).
+REQUEST_BUCKET_REPLAYS = {}
+
+
 @pytest.fixture(scope="module")
-def graph(model_path, strategy, family):
+def graph(model_path, strategy, family, model):
     before = probe_count(f"{family}_graph_replay")
     captures = probe_count(f"{family}_graph_capture")
+    slots = {r: probe_count(f"{family}_graph_replay_slots{r}") for r in (1, 2)}
     results = run_engine(
         _engine_kwargs(model_path, strategy, FULL),
         BATCHES,
@@ -230,7 +235,21 @@ def graph(model_path, strategy, family):
     assert probe_count(f"{family}_graph_capture") > captures, (
         f"the {family} full prefill graph tables were never filled for a capture"
     )
+    REQUEST_BUCKET_REPLAYS[model, strategy] = {
+        r: probe_count(f"{family}_graph_replay_slots{r}") - n for r, n in slots.items()
+    }
     return results, replays_per_batch(results, before, f"{family}_graph_replay")
+
+
+def test_fewer_requests_replay_request_bucket_graphs(graph, model, strategy, family):
+    """FULL's 4 request slots: batches of one and two requests replay the graphs
+    of request buckets 1 and 2 (MAMBA2_REQUEST_BUCKETS; the comparison with
+    eager below covers them), on Mamba2 models only."""
+    replays = REQUEST_BUCKET_REPLAYS[model, strategy]
+    if family == "mamba2":
+        assert replays[1] > 0 and replays[2] > 0, replays
+    else:
+        assert replays == {1: 0, 2: 0}, replays
 
 
 def test_full_prefill_graph_replays(graph):

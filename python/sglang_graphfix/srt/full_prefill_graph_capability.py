@@ -127,6 +127,18 @@ LFM2_FULL_PREFILL_GRAPH = True
 # bucket's 16 request slots). While False, such a full prefill graph runs as
 # breakable (..arg_groups.cuda_graph_hook.route_mamba2_full_prefill_to_breakable).
 MAMBA2_FULL_BEATS_BREAKABLE = False
+# Request buckets of a Mamba2 full prefill graph. Upstream's MambaMixer2 extend
+# does per-sequence work for every request slot a graph was captured with (the
+# initial-state gather and select, _chunk_state_varlen, one logical chunk per
+# sequence in the chunk scan): 7.4 of the 15.9 ms GPU time of one 16-token prompt
+# at Falcon-H1-7B's dimensions with 16 slots (mamba2_2026-12-03's profile). So
+# each token bucket up to REQUEST_BUCKET_MAX_TOKENS also captures a graph per
+# request count here below the slots, and a batch of fewer requests replays the
+# smallest that holds it (..model_executor.runner.prefill_cuda_graph_runner).
+# Each count adds one graph per such bucket to the start-up capture. () captures
+# one graph over all slots per bucket, as before.
+MAMBA2_REQUEST_BUCKETS = (1, 2, 4, 8)
+REQUEST_BUCKET_MAX_TOKENS = 512
 # What the H200 runs above covered: bfloat16 weights, one group (every case, the
 # kernel level included) and 8 (NemotronH "M-M*-", GPU case nemotron_h_groups8,
 # 2026-12-02: graph vs eager with no token mismatch over 104 steps, logprobs

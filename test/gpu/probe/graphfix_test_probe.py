@@ -10,6 +10,9 @@ Counts, in files under GRAPHFIX_PROBE_DIR (one byte per event):
                                          Mamba2FullGraphMetadata refilled)
   short_conv_graph_capture / short_conv_graph_replay
                                          the same for LFM2's short conv
+  <family>_graph_replay_slots<R>         a replay's tables have R request slots
+                                         (fewer than the runner's: a request
+                                         bucket's graph)
   dsa_lora_head_gate                     Indexer._get_logits_head_gate with a
                                          LoRA-owned weights_proj (only the graph
                                          split op calls it so)
@@ -137,6 +140,8 @@ def _counted_fill(fill, family, wrong_state):
     def counted_fill(backend, forward_batch, *, in_capture):
         meta = fill(backend, forward_batch, in_capture=in_capture)
         _bump(f"{family}_graph_capture" if in_capture else f"{family}_graph_replay")
+        if not in_capture:
+            _bump(f"{family}_graph_replay_slots{forward_batch.batch_size}")
         if wrong_state and not in_capture:
             # Mamba2: Mamba2FullGraphMetadata, whose mamba_cache_indices are
             # its tables' cache_indices (one tensor, read by the whole extend);

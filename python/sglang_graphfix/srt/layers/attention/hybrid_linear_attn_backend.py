@@ -13,6 +13,7 @@ metadata planned here, with its prefix-cache snapshot copies made fixed-shape.
 
 from __future__ import annotations
 
+import copy
 import inspect
 
 import torch
@@ -30,6 +31,9 @@ from sglang_graphfix.srt.layers.attention.linear.gdn_backend import (
 )
 from sglang_graphfix.srt.layers.attention.linear.kda_backend import (
     prepare_kda_full_prefill_graph_tables,
+)
+from sglang_graphfix.srt.layers.attention.linear.kda_prefill_graph import (
+    num_real_requests,
 )
 from sglang_graphfix.srt.layers.attention.linear.short_conv_backend import (
     prepare_short_conv_full_prefill_graph_tables,
@@ -56,9 +60,11 @@ from sglang_graphfix.srt.layers.attention.mamba.mamba2_prefill_graph import (
 #          Mamba2: prepare_mamba2_full_prefill_graph_metadata, the forward
 #          metadata upstream's MambaMixer2 extend runs on; LFM2:
 #          prepare_short_conv_full_prefill_graph_tables, what its conv layers
-#          read through conv_state_metadata). Decode's
-#          per-batch-size buffers stay decode's. Every other mode and backend,
-#          including Inkling's capturable sidecar, takes the upstream path.
+#          read through conv_state_metadata), over the first request slots
+#          only when the graph is a request bucket's (linear_request_rows).
+#          Decode's per-batch-size buffers stay decode's. Every other mode and
+#          backend, including Inkling's capturable sidecar, takes the upstream
+#          path.
 # Upstream: sglang/srt/layers/attention/hybrid_linear_attn_backend.py::HybridLinearAttnBackend.init_forward_metadata_out_graph
 # Removal: once upstream plans linear-attention extend for full prefill graphs.
 def linear_extend_tables_for_full_prefill_graph(
@@ -79,6 +85,7 @@ def linear_extend_tables_for_full_prefill_graph(
     ):
         return original(self, forward_batch, in_capture=in_capture)
     _plan_full_attention_extend(self.full_attn_backend, forward_batch, in_capture)
+    forward_batch = linear_request_rows(self, forward_batch, in_capture=in_capture)
     if short_conv:
         prepare_short_conv_full_prefill_graph_tables(
             linear, forward_batch, in_capture=in_capture
@@ -93,6 +100,77 @@ def linear_extend_tables_for_full_prefill_graph(
         )
     else:
         prepare_full_prefill_graph_tables(linear, forward_batch, in_capture=in_capture)
+
+
+# The request buckets of a full prefill graph, on the HybridLinearAttnBackend:
+# per token bucket, the request counts below the runner's slots that also have a
+# graph (set by the runner as it captures them), and the count whose graph is
+# being captured (None: the graph over all slots).
+REQUEST_BUCKETS = "graph_request_buckets"
+CAPTURE_REQUEST_SLOTS = "capture_request_slots"
+
+
+def capture_request_buckets(linear, num_tokens: int, slots: int) -> tuple[int, ...]:
+    """The request counts below ``slots`` for which the ``num_tokens`` bucket
+    also captures a graph: MAMBA2_REQUEST_BUCKETS on a Mamba2 backend, for
+    buckets up to REQUEST_BUCKET_MAX_TOKENS; none for the other families (their
+    padding request slots move no state)."""
+    if (
+        not isinstance(linear, Mamba2AttnBackend)
+        or num_tokens > capability.REQUEST_BUCKET_MAX_TOKENS
+    ):
+        return ()
+    most = min(slots, num_tokens)
+    return tuple(r for r in sorted(capability.MAMBA2_REQUEST_BUCKETS) if r < most)
+
+
+def replay_request_slots(hybrid, num_tokens: int, requests: int) -> int | None:
+    """The request slots of the graph a batch of ``requests`` replays in the
+    ``num_tokens`` bucket: the smallest captured request bucket that holds it;
+    None for the graph over all of the runner's slots. The runner picks its
+    graph with the same call."""
+    for slots in getattr(hybrid, REQUEST_BUCKETS, {}).get(num_tokens, ()):
+        if requests <= slots:
+            return slots
+    return None
+
+
+_REQUEST_AXIS = (
+    "req_pool_indices", "seq_lens", "seq_lens_cpu", "orig_seq_lens",
+    "extend_seq_lens", "extend_prefix_lens", "extend_start_loc",
+    "extend_seq_lens_cpu", "extend_prefix_lens_cpu", "mamba_track_mask",
+    "mamba_track_indices", "mamba_track_seqlens", "mamba_prefill_track_mask_cpu",
+    "mamba_track_seqlens_cpu",
+)  # fmt: skip
+
+
+def linear_request_rows(hybrid, forward_batch, *, in_capture: bool):
+    """The linear side's view of the runner's slot-padded batch: the batch
+    itself, or, under a request bucket's graph, its first request slots (the
+    requests, then zero-length padding), with batch_size set to them. The
+    full-attention side keeps every slot."""
+    requests = num_real_requests(forward_batch.extend_seq_lens_cpu)
+    bucket = forward_batch.input_ids.shape[0]
+    slots = (
+        getattr(hybrid, CAPTURE_REQUEST_SLOTS, None)
+        if in_capture
+        else replay_request_slots(hybrid, bucket, requests)
+    )
+    if slots is None:
+        return forward_batch
+    if requests > slots:
+        raise RuntimeError(
+            f"Full prefill graph: the {bucket}-token capture batch holds "
+            f"{requests} requests, more than the {slots} request slots of the "
+            "request bucket being captured"
+        )
+    view = copy.copy(forward_batch)
+    view.batch_size = slots
+    for name in _REQUEST_AXIS:
+        value = getattr(forward_batch, name, None)
+        if value is not None:
+            setattr(view, name, value[:slots])
+    return view
 
 
 def prepare_mamba2_full_prefill_graph_metadata(

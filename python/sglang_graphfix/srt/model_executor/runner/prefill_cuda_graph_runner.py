@@ -10,6 +10,7 @@ linear backend that cannot capture an extend from reaching the capture.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
@@ -26,6 +27,12 @@ from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import (
 from sglang.srt.runtime_context import get_exec, get_spec
 from sglang_graphfix.srt.full_prefill_graph_capability import (
     require_capturable_full_prefill_graph,
+)
+from sglang_graphfix.srt.layers.attention.hybrid_linear_attn_backend import (
+    CAPTURE_REQUEST_SLOTS,
+    REQUEST_BUCKETS,
+    capture_request_buckets,
+    replay_request_slots,
 )
 from sglang_graphfix.srt.layers.attention.linear.gdn_backend import (
     EAGER_GDN_PREFILL_DEFAULT,
@@ -134,6 +141,16 @@ def route_full_prefill_fallback(original, self):
             kernel = linear.linear_attn_backends.prefill.value
             eager_kernel = f"sglang's default kernels (GDN prefill: {kernel})"
             _warm_eager_gdn_prefill(linear, kernel)
+    buckets = getattr(model_runner.attn_backend, REQUEST_BUCKETS, {})
+    if buckets:
+        logger.info(
+            "Full prefill CUDA graph request buckets: in the %d token buckets up "
+            "to %d tokens, a batch of fewer requests replays a graph over %s "
+            "request slots (the smallest that holds it).",
+            len(buckets),
+            max(buckets),
+            "/".join(map(str, sorted(set().union(*buckets.values())))),
+        )
     logger.info(
         "Full prefill CUDA graph routing: a prefill batch replays the graph with "
         "up to %d request(s) and %d token(s) (buckets %s); others (more requests "
@@ -162,6 +179,85 @@ def _warm_eager_gdn_prefill(linear, default: str) -> None:
             type(exc).__name__,
             exc,
         )
+
+
+def request_bucket_label(slots: int) -> str:
+    """ShapeKey.attention_variant of a request bucket's graph (the prefill runner
+    sets no attention variant of its own)."""
+    return f"request_slots:{slots}"
+
+
+# What:    Wraps PrefillCudaGraphRunner.capture_one_shape: after a token bucket's
+#          full prefill graph over all request slots, capture one graph per
+#          request bucket of the bucket (capture_request_buckets: Mamba2, up to
+#          REQUEST_BUCKET_MAX_TOKENS tokens) and record them on the
+#          HybridLinearAttnBackend.
+# Why:     Every replay runs the linear extend over the graph's request slots.
+#          Upstream's MambaMixer2 does per-sequence state work for each of them,
+#          so one 16-token prompt at Falcon-H1-7B's dimensions spent 7.4 of its
+#          15.9 ms on the GPU on 15 empty slots (issue 13's "a batch of few
+#          requests does not pay for many request slots").
+# How:     Upstream's capture of the shape runs again per request bucket with
+#          CAPTURE_REQUEST_SLOTS set on the attention backend: the
+#          full-attention side still plans every slot, the linear side allocates
+#          tables over the first ones (linear_request_rows), and
+#          key_graph_by_request_bucket files the graph under the bucket's
+#          attention variant. Not with chunked-prefix variants, a fixed prefill
+#          context size, DP attention or draft workers.
+# Upstream: sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py::PrefillCudaGraphRunner.capture_one_shape
+# Removal: once upstream captures prefill graphs per request count.
+def capture_request_bucket_graphs(original, self, size, *args, **kwargs):
+    original(self, size, *args, **kwargs)
+    buckets = _request_buckets_to_capture(self, size, *args, **kwargs)
+    if not buckets:
+        return
+    hybrid = self.model_runner.attn_backend
+    for slots in buckets:
+        setattr(hybrid, CAPTURE_REQUEST_SLOTS, slots)
+        try:
+            original(self, size, *args, **kwargs)
+        finally:
+            setattr(hybrid, CAPTURE_REQUEST_SLOTS, None)
+    hybrid.__dict__.setdefault(REQUEST_BUCKETS, {})[size] = buckets
+
+
+def _request_buckets_to_capture(runner, size, prefix_num_chunks=0) -> tuple:
+    hybrid = runner.model_runner.attn_backend
+    if not (
+        runner._is_full_backend
+        and isinstance(hybrid, HybridLinearAttnBackend)
+        and not prefix_num_chunks
+        and not runner._capture_chunked_prefix
+        and runner.max_context_size is None
+        and not runner.require_mlp_tp_gather
+        and not runner.model_runner.is_draft_worker
+    ):
+        return ()
+    return capture_request_buckets(
+        hybrid.linear_attn_backend, size, runner._capture_req_slots
+    )
+
+
+# What:    Wraps PrefillCudaGraphRunner._shape_key: a batch of fewer requests
+#          than the slots replays its bucket's smallest request-bucket graph
+#          that holds it.
+# Why:     The graphs capture_request_bucket_graphs adds are filed under their
+#          own key; the runner's key names only the token bucket.
+# How:     replay_request_slots (the choice linear_request_rows makes for the
+#          tables) on the batch's request count; its graph's attention variant
+#          on the runner's key. Otherwise the key is upstream's.
+# Upstream: sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py::PrefillCudaGraphRunner._shape_key
+# Removal: with capture_request_bucket_graphs.
+def replay_request_bucket_graph(original, self, num_tokens, forward_batch):
+    key = original(self, num_tokens, forward_batch)
+    if not self._is_full_backend:
+        return key
+    slots = replay_request_slots(
+        self.model_runner.attn_backend, num_tokens, forward_batch.batch_size
+    )
+    if slots is None:
+        return key
+    return dataclasses.replace(key, attention_variant=request_bucket_label(slots))
 
 
 class PrefillPathCounter:

@@ -10,7 +10,7 @@ from unittest import mock
 
 import pytest
 import torch
-from gdn_stub import BUCKET, capture_view, make_gdn
+from gdn_stub import BUCKET, SLOTS_PER_GRAPH, capture_view, make_gdn
 from kda_stub import make_kda, with_graph_lists
 from mamba2_prefill_graph_cases import (
     SLOT_OF_ROW,
@@ -72,7 +72,10 @@ def test_plain_extend_on_gdn_plans_full_attention_and_fills_gdn_tables():
     hybrid = _hybrid(gdn)
     hybrid.init_forward_metadata_out_graph(capture_view(), in_capture=True)
     assert hybrid.full_attn_backend.calls == [(ForwardMode.EXTEND, True)]
-    assert gdn.full_prefill_graph_capture is gdn.full_prefill_graph_tables[BUCKET]
+    assert (
+        gdn.full_prefill_graph_capture
+        is gdn.full_prefill_graph_tables[BUCKET, SLOTS_PER_GRAPH]
+    )
 
 
 def test_plain_extend_on_kda_plans_full_attention_and_fills_kda_tables():
@@ -81,7 +84,10 @@ def test_plain_extend_on_kda_plans_full_attention_and_fills_kda_tables():
     hybrid.init_forward_metadata_out_graph(capture_view(), in_capture=True)
     assert hybrid.full_attn_backend.calls == [(ForwardMode.EXTEND, True)]
     # upstream's forward_extend runs kda_extend_in_graph on this
-    assert kda.prefill_graph_metadata is kda.full_prefill_graph_tables[BUCKET]
+    assert (
+        kda.prefill_graph_metadata
+        is kda.full_prefill_graph_tables[BUCKET, SLOTS_PER_GRAPH]
+    )
 
 
 def test_upstream_crashes_on_the_same_call(monkeypatch):
@@ -334,7 +340,9 @@ def test_plain_extend_on_mamba2_runs_on_the_buckets_static_metadata():
         with _mamba2_graph_runtime(case):
             backend, meta = _mamba2_captured_and_replayed(case, bool(case.tracked))
         assert backend.forward_metadata is meta
-        assert meta is backend.mamba2_full_prefill_graph_metadata[case.bucket]
+        assert (
+            meta is backend.mamba2_full_prefill_graph_metadata[case.bucket, case.slots]
+        )
         assert isinstance(meta, Mamba2FullGraphMetadata)
         assert not mismatches(case, meta.tables), vars(case)
         R, T = case.slots, case.bucket

@@ -43,20 +43,22 @@ from sglang_graphfix_kernel.linear_prefill_tables import (
 
 
 def bucket_tables(backend, store: str, forward_batch, *, in_capture, allocate, family):
-    """The full prefill graph's entry for ``forward_batch``'s token bucket in the
-    per-bucket dict ``store`` on ``backend`` (every linear family keeps one):
-    ``allocate()``'s result at capture; at replay the captured one, or a
-    RuntimeError naming the buckets that were captured."""
-    bucket = forward_batch.input_ids.shape[0]
+    """The full prefill graph's entry for ``forward_batch``'s token bucket and
+    request slots in the per-graph dict ``store`` on ``backend`` (every linear
+    family keeps one): ``allocate()``'s result at capture; at replay the
+    captured one, or a RuntimeError naming the (tokens, request slots) that
+    were captured."""
+    key = (forward_batch.input_ids.shape[0], forward_batch.batch_size)
     entries = backend.__dict__.setdefault(store, {})
     if in_capture:
-        entries[bucket] = allocate()
-    elif bucket not in entries:
+        entries[key] = allocate()
+    elif key not in entries:
         raise RuntimeError(
             f"{family} full prefill graph: no tables were captured for the "
-            f"{bucket}-token bucket (captured: {sorted(entries)})"
+            f"{key[0]}-token bucket with {key[1]} request slots (captured, "
+            f"tokens and request slots: {sorted(entries)})"
         )
-    return entries[bucket]
+    return entries[key]
 
 
 def request_slots(backend, forward_batch) -> torch.Tensor:

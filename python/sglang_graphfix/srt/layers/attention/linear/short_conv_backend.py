@@ -106,13 +106,6 @@ def prepare_short_conv_full_prefill_graph_tables(
         ),
         family="short-conv",
     )
-    if forward_batch.batch_size != tables.max_requests:
-        raise RuntimeError(
-            f"short-conv full prefill graph: the batch holds "
-            f"{forward_batch.batch_size} request slots, the "
-            f"{forward_batch.input_ids.shape[0]}-token bucket was captured with "
-            f"{tables.max_requests}"
-        )
     slots = request_slots(backend, forward_batch)
     tables.fill(
         extend_seq_lens=forward_batch.extend_seq_lens,

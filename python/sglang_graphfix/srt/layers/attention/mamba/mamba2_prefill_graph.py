@@ -410,12 +410,6 @@ def full_prefill_graph_metadata(
     )
     if not in_capture:
         _check_tracked_requests(forward_batch, meta, bucket)
-    if forward_batch.batch_size != meta.tables.max_requests:
-        raise RuntimeError(
-            f"Mamba2 full prefill graph: the batch holds {forward_batch.batch_size} "
-            f"request slots, the {bucket}-token bucket was captured with "
-            f"{meta.tables.max_requests}"
-        )
     meta.tables.fill(
         extend_seq_lens=forward_batch.extend_seq_lens,
         extend_prefix_lens=forward_batch.extend_prefix_lens,

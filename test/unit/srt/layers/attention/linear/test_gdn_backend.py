@@ -62,7 +62,7 @@ def _captured_then_replayed(backend):
     )
     assert (
         meta
-        is backend.full_prefill_graph_tables[BUCKET]
+        is backend.full_prefill_graph_tables[BUCKET, SLOTS_PER_GRAPH]
         is backend.full_prefill_graph_capture
     )
     return meta, live

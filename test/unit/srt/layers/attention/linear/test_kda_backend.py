@@ -49,7 +49,11 @@ def _captured(kda):
 def test_capture_tables_hold_every_slot_and_pad_the_sentinels():
     kda = make_kda()
     meta = _captured(kda)
-    assert kda.prefill_graph_metadata is meta is kda.full_prefill_graph_tables[BUCKET]
+    assert (
+        kda.prefill_graph_metadata
+        is meta
+        is kda.full_prefill_graph_tables[BUCKET, SLOTS_PER_GRAPH]
+    )
     assert meta.num_tokens == BUCKET and meta.max_seqs == SLOTS_PER_GRAPH
     assert meta.track  # replays of the bucket may carry prefix-cache snapshots
     # one real capture sequence, then zero-length sentinel slots doing no work
@@ -64,7 +68,7 @@ def test_replay_tables_equal_upstreams_breakable_fill_of_thelive_batch():
     ours_meta = ours.prepare_kda_full_prefill_graph_tables(
         kda, replay_view(live_batch()), in_capture=False
     )
-    assert ours_meta is kda.full_prefill_graph_tables[BUCKET]
+    assert ours_meta is kda.full_prefill_graph_tables[BUCKET, SLOTS_PER_GRAPH]
     assert kda.prefill_graph_metadata is ours_meta
 
     # Upstream's breakable-graph refill (KDAAttnBackend.refresh_prefill_graph_

@@ -208,11 +208,15 @@ def test_captured_mamba2_extend_equals_sglangs_eager_extend(through_the_backend)
     tokens' outputs and every conv/SSM pool slot but the padding slot (request
     slots, prefix-cache track slots, untouched slots) equal the eager extend's,
     through the Triton conv (NemotronH, Granite) and the conv wrapper
-    (Falcon-H1), with and without track tables, in every snapshot mode."""
+    (Falcon-H1), with and without track tables, in every snapshot mode, on graphs
+    over all request slots and over request buckets."""
     plain = [r for r in through_the_backend if not r["mutate"]]
     assert len(plain) == BACKEND_CASES
     assert any(r["prefix"] for r in plain) and any(r["tracked"] for r in plain)
     assert any(r["requests"] < r["slots"] for r in plain)
+    # Request buckets' graphs (odd seeds), with and without padding slots.
+    assert any(r["graph_slots"] == r["requests"] < r["slots"] for r in plain)
+    assert any(r["requests"] < r["graph_slots"] < r["slots"] for r in plain)
     assert any(r["tokens"] < r["bucket"] for r in plain)
     assert {True, False} == {r["triton_conv"] for r in plain}
     assert any(r["track_tables"] and not r["tracked"] for r in plain)

@@ -1,0 +1,230 @@
+"""Request buckets of a Mamba2 full prefill graph, through sglang's own
+PrefillCudaGraphRunner.capture_one_shape (FullCudaGraphBackend.capture_one
+filing each graph) and PrefillCudaGraphRunner._shape_key: a token bucket up to
+REQUEST_BUCKET_MAX_TOKENS captures a graph over all request slots and one per
+request bucket below them, the linear side's tables of each over its own slots
+(the full-attention side plans every slot), and a batch of fewer requests
+replays, and refills the tables of, the smallest that holds it. Only the
+hardware is stood in for: the capture batch (capture_prepare builds it on the
+GPU), the model forward and torch's CUDA graph."""
+
+import contextlib
+from types import SimpleNamespace
+
+import pytest
+import torch
+from mamba2_prefill_graph_cases import (
+    capture_batch,
+    graph_runtime,
+    live_batch,
+    mamba2_backend,
+    replay_view,
+)
+
+from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
+    HybridLinearAttnBackend,
+)
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import (
+    PrefillCudaGraphRunner,
+)
+from sglang.srt.model_executor.runner.shape_key import ShapeKey
+from sglang.srt.model_executor.runner_backend import full_cuda_graph_backend
+from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import (
+    FullCudaGraphBackend,
+)
+from sglang_graphfix.srt import full_prefill_graph_capability as capability
+from sglang_graphfix.srt.layers.attention import hybrid_linear_attn_backend as ours
+
+SLOTS, CHUNK = 8, 16
+
+
+def _case(bucket, lens=(), track=False):
+    """mamba2_prefill_graph_cases' batch description for a bucket of SLOTS."""
+    n = len(lens)
+    return SimpleNamespace(
+        chunk=CHUNK, bucket=bucket, slots=SLOTS, lens=list(lens), prefix=[0] * n,
+        rows=list(range(1, n + 1)), tracked=[False] * n if track else None,
+        track_lens=list(lens), track_dst=[100 + r for r in range(n)],
+        cache_chunk=2 * CHUNK,
+    )  # fmt: skip
+
+
+class _FullAttn:
+    """The full-attention child: the request slots of every plan."""
+
+    def __init__(self):
+        self.planned = []
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture=False):
+        self.planned.append(forward_batch.batch_size)
+
+    def on_after_cuda_graph_warmup(self):
+        pass
+
+
+class _Graph:
+    """torch.cuda.CUDAGraph's stand-in (none without a GPU)."""
+
+
+@pytest.fixture
+def runner(monkeypatch):
+    """A full prefill runner of a Mamba2 hybrid with SLOTS request slots, on
+    sglang's FullCudaGraphBackend."""
+    with contextlib.ExitStack() as stack:
+        for patch in graph_runtime(_case(64)):
+            stack.enter_context(patch)
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
+        linear = mamba2_backend(CHUNK)
+        hybrid = HybridLinearAttnBackend.__new__(HybridLinearAttnBackend)
+        hybrid.full_attn_backend = _FullAttn()
+        hybrid.linear_attn_backend = linear
+        hybrid.attn_backend_list = [hybrid.full_attn_backend, linear]
+        runner = PrefillCudaGraphRunner.__new__(PrefillCudaGraphRunner)
+        runner._is_full_backend = True
+        runner._capture_req_slots = SLOTS
+        runner._capture_chunked_prefix = runner._capture_lora = False
+        runner.max_context_size = None
+        runner.require_mlp_tp_gather = False
+        runner.enable_cp_bcg_capture = False
+        runner.model_runner = SimpleNamespace(
+            attn_backend=hybrid, is_draft_worker=False, model=SimpleNamespace()
+        )
+        runner.track = False
+
+        def capture_prepare(num_tokens):
+            batch = capture_batch(_case(num_tokens), runner.track)
+            batch.lora_ids = batch.global_num_tokens_gpu = None
+            return batch, hybrid
+
+        runner.capture_prepare = capture_prepare
+        runner.captured_slots = []
+
+        def run_forward(forward_batch, num_tokens):
+            # The linear side's tables the captured forward would launch on.
+            tables = linear.forward_metadata.tables
+            runner.captured_slots.append(tables.max_requests)
+            return torch.zeros(num_tokens, 4)
+
+        runner._run_forward = run_forward
+        backend = FullCudaGraphBackend.__new__(FullCudaGraphBackend)
+        backend._graphs, backend._outputs = {}, {}
+        backend._pool = backend._capture_stream = backend._memory_saver_adapter = None
+        backend._cuda_graph_runner = runner
+        backend._device_module = SimpleNamespace(
+            synchronize=lambda: None, graph=lambda **kw: contextlib.nullcontext()
+        )
+        backend._tp_group = SimpleNamespace(barrier=lambda: None)
+        backend._precarve = full_cuda_graph_backend.GraphPoolPrecarve()
+        backend._precarve.minted = True
+        backend._reuse_output_buffer = False
+        runner.backend = backend
+        yield runner
+
+
+def _variant(slots):
+    return None if slots is None else f"request_slots:{slots}"
+
+
+def test_a_bucket_captures_a_graph_per_request_bucket(runner):
+    PrefillCudaGraphRunner.capture_one_shape(runner, 64)
+    assert set(runner.backend._graphs) == {
+        ShapeKey(size=64, attention_variant=_variant(r)) for r in (None, 1, 2, 4)
+    }
+    # Each graph's linear tables over its own request slots; the full-attention
+    # side plans every slot for each of them.
+    assert runner.captured_slots == [SLOTS] * 3 + [r for r in (1, 2, 4) for _ in "123"]
+    hybrid = runner.model_runner.attn_backend
+    assert hybrid.full_attn_backend.planned == [SLOTS] * 4
+    assert getattr(hybrid, ours.REQUEST_BUCKETS) == {64: (1, 2, 4)}
+    assert getattr(hybrid, ours.CAPTURE_REQUEST_SLOTS) is None
+
+
+@pytest.mark.parametrize(
+    "requests, slots", [(1, 1), (2, 2), (3, 4), (4, 4), (5, None), (SLOTS, None)]
+)
+def test_a_batch_replays_the_smallest_request_bucket_that_holds_it(
+    runner, requests, slots
+):
+    PrefillCudaGraphRunner.capture_one_shape(runner, 64)
+    batch = SimpleNamespace(batch_size=requests, extend_prefix_lens_cpu=[0] * requests)
+    key = runner._shape_key(64, batch)
+    assert key == ShapeKey(size=64, attention_variant=_variant(slots))
+    assert key in runner.backend._graphs
+    # The linear side refills the tables that graph captured.
+    linear = runner.model_runner.attn_backend.linear_attn_backend
+    captured = linear.mamba2_full_prefill_graph_metadata[(64, slots or SLOTS)]
+    case = _case(64, lens=[5] * requests)
+    runner.model_runner.attn_backend.init_forward_metadata_out_graph(
+        replay_view(case, live_batch(case)), in_capture=False
+    )
+    assert linear.forward_metadata is captured
+
+
+def test_track_tables_follow_the_request_bucket(runner):
+    """With the mamba extra buffer, a bucket's track rows are counted over its
+    graph's request slots (track_rows: at most one per request)."""
+    runner.track = True
+    PrefillCudaGraphRunner.capture_one_shape(runner, 128)  # 4 cache chunks
+    linear = runner.model_runner.attn_backend.linear_attn_backend
+    rows = {
+        slots: meta.track.num_rows
+        for (_, slots), meta in linear.mamba2_full_prefill_graph_metadata.items()
+    }
+    assert rows == {SLOTS: 4, 1: 1, 2: 2, 4: 4}
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"max_context_size": 256},  # a fixed context size
+        {"require_mlp_tp_gather": True},  # DP attention
+        {"_capture_chunked_prefix": True},
+        {"_is_full_backend": False},
+    ],
+)
+def test_no_request_buckets_where_not_checked(runner, setting):
+    for name, value in setting.items():
+        setattr(runner, name, value)
+    if runner._is_full_backend:
+        PrefillCudaGraphRunner.capture_one_shape(runner, 64)
+        assert set(runner.backend._graphs) == {ShapeKey(size=64)}
+    hybrid = runner.model_runner.attn_backend
+    assert not hasattr(hybrid, ours.REQUEST_BUCKETS)
+    batch = SimpleNamespace(
+        batch_size=1, extend_prefix_lens_cpu=[0], dp_prefill_cuda_graph_max_prefix_len=0
+    )
+    assert runner._shape_key(64, batch) == ShapeKey(size=64)
+
+
+def test_buckets_above_the_token_bound_capture_one_graph(runner):
+    bound = capability.REQUEST_BUCKET_MAX_TOKENS
+    PrefillCudaGraphRunner.capture_one_shape(runner, 2 * bound)
+    assert set(runner.backend._graphs) == {ShapeKey(size=2 * bound)}
+    batch = SimpleNamespace(batch_size=1, extend_prefix_lens_cpu=[0])
+    assert runner._shape_key(2 * bound, batch) == ShapeKey(size=2 * bound)
+
+
+def test_request_buckets_stay_below_the_slots_and_the_tokens(monkeypatch):
+    linear = mamba2_backend(CHUNK)
+    assert ours.capture_request_buckets(linear, 4, 16) == (1, 2)
+    assert ours.capture_request_buckets(linear, 64, 16) == (1, 2, 4, 8)
+    assert ours.capture_request_buckets(linear, 64, 2) == (1,)
+    monkeypatch.setattr(capability, "MAMBA2_REQUEST_BUCKETS", ())
+    assert ours.capture_request_buckets(linear, 64, 16) == ()
+
+
+def test_other_families_capture_one_graph_per_bucket():
+    from gdn_stub import make_gdn
+
+    assert ours.capture_request_buckets(make_gdn(), 64, 16) == ()
+
+
+def test_a_capture_batch_beyond_the_request_bucket_fails_clearly(runner):
+    hybrid = runner.model_runner.attn_backend
+    setattr(hybrid, ours.CAPTURE_REQUEST_SLOTS, 1)
+    batch = capture_batch(_case(64), False)
+    batch.extend_seq_lens_cpu = [32, 32] + [0] * (SLOTS - 2)
+    with pytest.raises(RuntimeError, match="holds 2 requests, more than the 1"):
+        hybrid.init_forward_metadata_out_graph(batch, in_capture=True)
+    assert batch.forward_mode == ForwardMode.EXTEND
