@@ -13,6 +13,8 @@ Counts, in files under GRAPHFIX_PROBE_DIR (one byte per event):
   <family>_graph_replay_slots<R>         a replay's tables have R request slots
                                          (fewer than the runner's: a request
                                          bucket's graph)
+  graph_replay_request_slots<R>          FullCudaGraphBackend.replay of a graph
+                                         filed under request bucket R
   dsa_lora_head_gate                     Indexer._get_logits_head_gate with a
                                          LoRA-owned weights_proj (only the graph
                                          split op calls it so)
@@ -108,6 +110,20 @@ def register():
                 getattr(hybrid, name), family, fault == f"{family}_wrong_state"
             ),
         )
+
+    from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import (
+        FullCudaGraphBackend,
+    )
+
+    replay = FullCudaGraphBackend.replay
+
+    def counted_replay(self, shape_key, *args, **kwargs):
+        variant = shape_key.attention_variant or ""
+        if variant.startswith("request_slots:"):
+            _bump("graph_replay_request_slots" + variant.split(":")[1])
+        return replay(self, shape_key, *args, **kwargs)
+
+    FullCudaGraphBackend.replay = counted_replay
 
     gate = Indexer._get_logits_head_gate
 

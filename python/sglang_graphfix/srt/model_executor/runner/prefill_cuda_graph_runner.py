@@ -41,6 +41,9 @@ from sglang_graphfix.srt.layers.attention.linear.gdn_prefill_graph import (
     use_default_eager_gdn_prefill,
     warm_eager_gdn_prefill,
 )
+from sglang_graphfix.srt.layers.attention.linear.kda_prefill_graph import (
+    num_real_requests,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -243,9 +246,11 @@ def _request_buckets_to_capture(runner, size, prefix_num_chunks=0) -> tuple:
 #          that holds it.
 # Why:     The graphs capture_request_bucket_graphs adds are filed under their
 #          own key; the runner's key names only the token bucket.
-# How:     replay_request_slots (the choice linear_request_rows makes for the
-#          tables) on the batch's request count; its graph's attention variant
-#          on the runner's key. Otherwise the key is upstream's.
+# How:     replay_request_slots on the batch's requests as linear_request_rows
+#          counts them for the tables (num_real_requests of the batch's
+#          extend_seq_lens_cpu, which the runner's padded view keeps), so both
+#          sides pick the same graph; its attention variant on the runner's key.
+#          Otherwise the key is upstream's.
 # Upstream: sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py::PrefillCudaGraphRunner._shape_key
 # Removal: with capture_request_bucket_graphs.
 def replay_request_bucket_graph(original, self, num_tokens, forward_batch):
@@ -253,7 +258,9 @@ def replay_request_bucket_graph(original, self, num_tokens, forward_batch):
     if not self._is_full_backend:
         return key
     slots = replay_request_slots(
-        self.model_runner.attn_backend, num_tokens, forward_batch.batch_size
+        self.model_runner.attn_backend,
+        num_tokens,
+        num_real_requests(forward_batch.extend_seq_lens_cpu),
     )
     if slots is None:
         return key

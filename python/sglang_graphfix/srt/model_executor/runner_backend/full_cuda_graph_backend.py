@@ -35,6 +35,7 @@ def key_graph_by_request_bucket(original, self, shape_key, *args, **kwargs):
     attn_backend = getattr(self._cuda_graph_runner.model_runner, "attn_backend", None)
     slots = getattr(attn_backend, CAPTURE_REQUEST_SLOTS, None)
     if slots is not None:
+        assert shape_key.attention_variant is None, shape_key
         shape_key = dataclasses.replace(
             shape_key, attention_variant=request_bucket_label(slots)
         )

@@ -18,7 +18,6 @@ from mamba2_prefill_graph_cases import (
     graph_runtime,
     live_batch,
     mamba2_backend,
-    replay_view,
 )
 
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
@@ -140,25 +139,55 @@ def test_a_bucket_captures_a_graph_per_request_bucket(runner):
     assert getattr(hybrid, ours.CAPTURE_REQUEST_SLOTS) is None
 
 
+def _replayed(runner, case):
+    """sglang's replay preparation for the live batch of ``case``: the runner's
+    key (PrefillCudaGraphRunner._shape_key) and the metadata refill on its
+    slot-padded view (PrefillCudaGraphRunner._prepare_forward_metadata_for_replay,
+    after load_batch's static-buffer fill, done here as load_batch does it)."""
+    live = live_batch(case)
+    live.seq_lens_cpu = live.seq_lens.clone()
+    live.extend_seq_lens_cpu = list(case.lens)
+    bs, R = len(case.lens), SLOTS
+    static = {name: torch.zeros(R, dtype=torch.int64) for name in (
+        "seq_lens", "extend_seq_lens", "extend_prefix_lens", "req_pool_indices")}  # fmt: skip
+    for name in static:
+        static[name][:bs] = getattr(live, name)
+    runner._prefill_static_buffers = static
+    runner._full_cg_seq_lens_cpu = torch.zeros(R, dtype=torch.int64)
+    static_batch = SimpleNamespace(
+        input_ids=torch.zeros(case.bucket, dtype=torch.int64), max_seq_len_override=None
+    )
+    live.extend_prefix_lens_cpu = list(case.prefix)
+    live.dp_prefill_cuda_graph_max_prefix_len = 0
+    key = runner._shape_key(case.bucket, live)
+    hybrid = runner.model_runner.attn_backend
+    hybrid.resolve_prefill_shared_read_ends = lambda *a, **k: None
+    runner._prepare_forward_metadata_for_replay(live, static_batch, key)
+    return key, hybrid.linear_attn_backend.forward_metadata
+
+
 @pytest.mark.parametrize(
     "requests, slots", [(1, 1), (2, 2), (3, 4), (4, 4), (5, None), (SLOTS, None)]
 )
+@pytest.mark.parametrize("track", [False, True])
 def test_a_batch_replays_the_smallest_request_bucket_that_holds_it(
-    runner, requests, slots
+    runner, requests, slots, track
 ):
-    PrefillCudaGraphRunner.capture_one_shape(runner, 64)
-    batch = SimpleNamespace(batch_size=requests, extend_prefix_lens_cpu=[0] * requests)
-    key = runner._shape_key(64, batch)
-    assert key == ShapeKey(size=64, attention_variant=_variant(slots))
+    runner.track = track
+    PrefillCudaGraphRunner.capture_one_shape(runner, 128)
+    case = _case(128, lens=[5] * (requests - 1) + [40], track=track)
+    if track:  # the last request extends a whole cache chunk: tracked
+        case.tracked[-1] = True
+    key, meta = _replayed(runner, case)
+    assert key == ShapeKey(size=128, attention_variant=_variant(slots))
     assert key in runner.backend._graphs
-    # The linear side refills the tables that graph captured.
+    # The linear side refilled the tables of that graph; the full-attention
+    # side planned every slot.
     linear = runner.model_runner.attn_backend.linear_attn_backend
-    captured = linear.mamba2_full_prefill_graph_metadata[(64, slots or SLOTS)]
-    case = _case(64, lens=[5] * requests)
-    runner.model_runner.attn_backend.init_forward_metadata_out_graph(
-        replay_view(case, live_batch(case)), in_capture=False
-    )
-    assert linear.forward_metadata is captured
+    assert meta is linear.mamba2_full_prefill_graph_metadata[128, slots or SLOTS]
+    assert runner.model_runner.attn_backend.full_attn_backend.planned[-1] == SLOTS
+    if track:
+        assert meta.track.src[0] == requests - 1  # the tracked request, packed first
 
 
 def test_track_tables_follow_the_request_bucket(runner):
@@ -174,35 +203,44 @@ def test_track_tables_follow_the_request_bucket(runner):
     assert rows == {SLOTS: 4, 1: 1, 2: 2, 4: 4}
 
 
+def _one_request():
+    return SimpleNamespace(
+        batch_size=1,
+        extend_seq_lens_cpu=[5],
+        extend_prefix_lens_cpu=[0],
+        dp_prefill_cuda_graph_max_prefix_len=0,
+    )
+
+
 @pytest.mark.parametrize(
     "setting",
     [
         {"max_context_size": 256},  # a fixed context size
         {"require_mlp_tp_gather": True},  # DP attention
         {"_capture_chunked_prefix": True},
-        {"_is_full_backend": False},
     ],
 )
 def test_no_request_buckets_where_not_checked(runner, setting):
     for name, value in setting.items():
         setattr(runner, name, value)
-    if runner._is_full_backend:
-        PrefillCudaGraphRunner.capture_one_shape(runner, 64)
-        assert set(runner.backend._graphs) == {ShapeKey(size=64)}
+    PrefillCudaGraphRunner.capture_one_shape(runner, 64)
+    assert set(runner.backend._graphs) == {ShapeKey(size=64)}
     hybrid = runner.model_runner.attn_backend
     assert not hasattr(hybrid, ours.REQUEST_BUCKETS)
-    batch = SimpleNamespace(
-        batch_size=1, extend_prefix_lens_cpu=[0], dp_prefill_cuda_graph_max_prefix_len=0
-    )
-    assert runner._shape_key(64, batch) == ShapeKey(size=64)
+    assert runner._shape_key(64, _one_request()) == ShapeKey(size=64)
+
+
+def test_breakable_graphs_keep_upstreams_keys(runner):
+    PrefillCudaGraphRunner.capture_one_shape(runner, 64)  # as full: buckets recorded
+    runner._is_full_backend = False
+    assert runner._shape_key(64, _one_request()) == ShapeKey(size=64)
 
 
 def test_buckets_above_the_token_bound_capture_one_graph(runner):
     bound = capability.REQUEST_BUCKET_MAX_TOKENS
     PrefillCudaGraphRunner.capture_one_shape(runner, 2 * bound)
     assert set(runner.backend._graphs) == {ShapeKey(size=2 * bound)}
-    batch = SimpleNamespace(batch_size=1, extend_prefix_lens_cpu=[0])
-    assert runner._shape_key(2 * bound, batch) == ShapeKey(size=2 * bound)
+    assert runner._shape_key(2 * bound, _one_request()) == ShapeKey(size=2 * bound)
 
 
 def test_request_buckets_stay_below_the_slots_and_the_tokens(monkeypatch):
