@@ -9,9 +9,8 @@ batch and the graph replayed with host synchronisation forbidden
 conv/SSM pool slot but the padding slot must equal sglang's eager extend of the
 same batch on the compiled kernels. The same comparison runs on CPU in Triton's
 interpreter (test/unit/srt/layers/attention/mamba/test_mamba2_prefill_graph.py),
-without the graph.
-
-Written without a GPU: not run yet."""
+without the graph. On odd seeds the graph is a request bucket's (its tables over
+the first request slots: mamba2_backend_cases.run_case)."""
 
 import pytest
 
