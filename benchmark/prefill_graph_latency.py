@@ -202,7 +202,10 @@ def _specs() -> dict:
             "shapes": SERVED_SHAPES,
             # The captured graph, which sglang-graphfix runs as breakable on this
             # model as shipped (MAMBA2_FULL_BEATS_BREAKABLE; the test probe sets it).
-            "switches": {"MAMBA2_FULL_BEATS_BREAKABLE": True},
+            "switches": {
+                "MAMBA2_FULL_BEATS_BREAKABLE": True,
+                "MAMBA2_REQUEST_BUCKETS_CAPTURED": True,
+            },
             "kwargs": {
                 "model_path": _served_checkpoint("falcon_h1_7b"),
                 "load_format": "dummy",

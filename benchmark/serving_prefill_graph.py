@@ -41,6 +41,7 @@ Falcon-H1's full mode serves what a user asking for full gets: the breakable gra
 full graph instead, keep it with the test probe (recorded under "environment"):
     mkdir -p /tmp/probe && GRAPHFIX_PROBE_DIR=/tmp/probe \
     GRAPHFIX_PROBE_MAMBA2_FULL_BEATS_BREAKABLE=1 \
+    GRAPHFIX_PROBE_MAMBA2_REQUEST_BUCKETS_CAPTURED=1 \
     PYTHONPATH=test/gpu/probe:$PYTHONPATH python3 benchmark/serving_prefill_graph.py \
         --model falcon-h1-7b --modes full
 

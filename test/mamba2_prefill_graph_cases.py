@@ -412,11 +412,13 @@ def replay_view(case, live, device="cpu"):
 
 
 def graph_runtime(case):
-    """mock patches: MAMBA2_FULL_PREFILL_GRAPH on, and what a scheduler's
+    """mock patches: MAMBA2_FULL_PREFILL_GRAPH and MAMBA2_REQUEST_BUCKETS_CAPTURED
+    on, and what a scheduler's
     published runtime context answers (no GPU, no server) where the Mamba2
     path and the capability model read it."""
     return [
         mock.patch.object(capability, "MAMBA2_FULL_PREFILL_GRAPH", True),
+        mock.patch.object(capability, "MAMBA2_REQUEST_BUCKETS_CAPTURED", True),
         mock.patch.object(
             upstream, "get_memory",
             lambda: SimpleNamespace(enable_page_major_kv_layout=False),

@@ -42,7 +42,8 @@ GRAPHFIX_PROBE_MAMBA2_LAYER_GAPS_CAPTURED=1 and
 GRAPHFIX_PROBE_NEMOTRON_H_MOE_LAYERS_CAPTURED=1 and
 GRAPHFIX_PROBE_LFM2_FULL_PREFILL_GRAPH=1 and
 GRAPHFIX_PROBE_MAMBA2_FULL_BEATS_BREAKABLE=1 (a full graph on Falcon-H1 and
-NemotronH of Mamba2 and attention layers only stays full) set those switches, and
+NemotronH of Mamba2 and attention layers only stays full) and
+GRAPHFIX_PROBE_MAMBA2_REQUEST_BUCKETS_CAPTURED=1 set those switches, and
 GRAPHFIX_PROBE_MAMBA2_GROUPS=1,8 the group counts of MAMBA2_CHECKED, of
 full_prefill_graph_capability in every process that loads the plugins (set them
 before the test process's first engine, whose resolution judges Mamba2 too; a
@@ -84,6 +85,8 @@ def register():
         capability.LFM2_FULL_PREFILL_GRAPH = True
     if os.environ.get("GRAPHFIX_PROBE_MAMBA2_FULL_BEATS_BREAKABLE"):
         capability.MAMBA2_FULL_BEATS_BREAKABLE = True
+    if os.environ.get("GRAPHFIX_PROBE_MAMBA2_REQUEST_BUCKETS_CAPTURED"):
+        capability.MAMBA2_REQUEST_BUCKETS_CAPTURED = True
     groups = os.environ.get("GRAPHFIX_PROBE_MAMBA2_GROUPS")
     if groups:
         capability.MAMBA2_CHECKED["groups"] = tuple(map(int, groups.split(",")))

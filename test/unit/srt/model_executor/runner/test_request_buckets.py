@@ -243,7 +243,20 @@ def test_buckets_above_the_token_bound_capture_one_graph(runner):
     assert runner._shape_key(2 * bound, _one_request()) == ShapeKey(size=2 * bound)
 
 
+def test_request_buckets_ship_off():
+    """Off until an H200 runs them (MAMBA2_REQUEST_BUCKETS_CAPTURED)."""
+    assert capability.MAMBA2_REQUEST_BUCKETS_CAPTURED is False
+
+
+def test_switched_off_a_bucket_captures_one_graph(runner, monkeypatch):
+    monkeypatch.setattr(capability, "MAMBA2_REQUEST_BUCKETS_CAPTURED", False)
+    PrefillCudaGraphRunner.capture_one_shape(runner, 64)
+    assert set(runner.backend._graphs) == {ShapeKey(size=64)}
+    assert runner._shape_key(64, _one_request()) == ShapeKey(size=64)
+
+
 def test_request_buckets_stay_below_the_slots_and_the_tokens(monkeypatch):
+    monkeypatch.setattr(capability, "MAMBA2_REQUEST_BUCKETS_CAPTURED", True)
     linear = mamba2_backend(CHUNK)
     assert ours.capture_request_buckets(linear, 4, 16) == (1, 2)
     assert ours.capture_request_buckets(linear, 64, 16) == (1, 2, 4, 8)
