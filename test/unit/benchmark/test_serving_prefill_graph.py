@@ -206,14 +206,19 @@ def test_profiled_falcon_h1_is_the_served_one_and_captures_the_full_graph(
         latency.tempfile, "mkdtemp", lambda prefix: str(tmp_path / prefix)
     )
     monkeypatch.setattr(capability, "MAMBA2_FULL_BEATS_BREAKABLE", False)
+    monkeypatch.setattr(capability, "MAMBA2_REQUEST_BUCKETS_CAPTURED", False)
     spec = latency._specs()["falcon-h1-7b"]()
     served = tmp_path / "served"
     serving.falcon_h1_7b(served)
     model = json.loads((tmp_path / "falcon_h1_7b" / "config.json").read_text())
     assert model == json.loads((served / "config.json").read_text())
     assert spec["kwargs"]["attention_backend"] == serving.SERVER_ARGS["falcon-h1-7b"][1]
-    assert latency.switches(spec) == {"GRAPHFIX_PROBE_MAMBA2_FULL_BEATS_BREAKABLE": "1"}
+    assert latency.switches(spec) == {
+        "GRAPHFIX_PROBE_MAMBA2_FULL_BEATS_BREAKABLE": "1",
+        "GRAPHFIX_PROBE_MAMBA2_REQUEST_BUCKETS_CAPTURED": "1",
+    }
     assert capability.MAMBA2_FULL_BEATS_BREAKABLE is True
+    assert capability.MAMBA2_REQUEST_BUCKETS_CAPTURED is True
     for name, backend in (("full", Backend.FULL), ("breakable", Backend.BREAKABLE)):
         kwargs = latency._engine_kwargs(spec, latency.PREFILL[name])
         path = kwargs.pop("model_path")
