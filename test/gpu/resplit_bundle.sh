@@ -1,18 +1,38 @@
 #!/usr/bin/env bash
 # Re-split the offline GPU bundle (../shared/gpu/bundle.sh: parts of 60 MB) into
 # smaller parts, so that one part plus this working tree stays under the device
-# tool's 64 MiB per call (the tracked tree alone is ~9 MB, and 60 MB parts then
-# overflow). Same archive, same checksum; assemble.sh and device_setup.sh read
-# it unchanged from /tmp/gpu-bundle/NN/part.
+# tool's 64 MiB per call (the tracked tree alone is ~9.6 MB, and 60 MB parts then
+# overflow). assemble.sh and device_setup.sh read it unchanged from
+# /tmp/gpu-bundle/NN/part.
 #   bash test/gpu/resplit_bundle.sh .gpu-bundle .gpu-bundle2 [PART_BYTES]
+# NOFA3=1 also drops sglang-kernel's FlashAttention-3 library (1.1 GB unpacked,
+# most of the bundle's sglang_kernel_hopper.zip) from a KEEP_FA3=1 bundle: 21
+# parts of 56 MB instead of 30 of 50, for blocks whose engines run
+# --attention-backend flashinfer (every Mamba2 case; GDN cases that leave sglang's
+# Hopper default, fa3, need it). The archive and its checksum then change.
 # DEST must be git-ignored (.gitignore has .gpu-bundle*/). Then one run per
 # part: carry [DEST/NN], command `mkdir -p /tmp/gpu-bundle && cp -r DEST/NN /tmp/gpu-bundle/`.
 set -euo pipefail
-src=${1:?usage: resplit_bundle.sh SRC DEST [PART_BYTES]} dest=${2:?} bytes=${3:-50000000}
+src=${1:?usage: resplit_bundle.sh SRC DEST [PART_BYTES]} dest=${2:?}
 source "$src/00/MANIFEST"
+join() { for i in $(seq 0 $((parts - 1))); do cat "$src/$(printf '%02d' "$i")/part"; done; }
 rm -rf "$dest" && mkdir -p "$dest"
-for i in $(seq 0 $((parts - 1))); do cat "$src/$(printf '%02d' "$i")/part"; done \
-  | split -b "$bytes" -d -a 2 - "$dest/.part."
+if [ "${NOFA3:-0}" = 1 ]; then
+  bytes=${3:-56000000}
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  mkdir -p "$work/w" "$work/sk"
+  join | tar xf - -C "$work/w"
+  python3 -m zipfile -e "$work/w/sglang_kernel_hopper.zip" "$work/sk"
+  rm -f "$work/sk/sgl_kernel/flash_ops.abi3.so" "$work/w/sglang_kernel_hopper.zip"
+  (cd "$work/sk" && python3 -m zipfile -c "$work/w/sglang_kernel_hopper.zip" .)
+  (cd "$work/w" && tar cf "$work/b.tar" -- *)
+  sha256=$(sha256sum "$work/b.tar" | cut -d' ' -f1)
+  split -b "$bytes" -d -a 2 "$work/b.tar" "$dest/.part."
+else
+  bytes=${3:-50000000}
+  join | split -b "$bytes" -d -a 2 - "$dest/.part."
+fi
 n=0
 for p in "$dest"/.part.*; do
   d=$(printf '%02d' $n)
