@@ -205,8 +205,10 @@ def request_bucket_label(slots: int) -> str:
 #          full-attention side still plans every slot, the linear side allocates
 #          tables over the first ones (linear_request_rows), and
 #          key_graph_by_request_bucket files the graph under the bucket's
-#          attention variant. Not with chunked-prefix variants, a fixed prefill
-#          context size, DP attention or draft workers.
+#          attention variant. Only request buckets that hold the capture
+#          batch's requests (one per context length of tokens); not with
+#          chunked-prefix variants, a fixed prefill context size, DP attention
+#          or draft workers.
 # Upstream: sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py::PrefillCudaGraphRunner.capture_one_shape
 # Removal: once upstream captures prefill graphs per request count.
 def capture_request_bucket_graphs(original, self, size, *args, **kwargs):
@@ -236,9 +238,13 @@ def _request_buckets_to_capture(runner, size, prefix_num_chunks=0) -> tuple:
         and not runner.model_runner.is_draft_worker
     ):
         return ()
-    return capture_request_buckets(
+    # capture_prepare splits the bucket into requests of at most the context
+    # length: a request bucket must hold them.
+    requests = -(-size // runner.model_runner.model_config.context_len)
+    buckets = capture_request_buckets(
         hybrid.linear_attn_backend, size, runner._capture_req_slots
     )
+    return tuple(slots for slots in buckets if slots >= requests)
 
 
 # What:    Wraps PrefillCudaGraphRunner._shape_key: a batch of fewer requests

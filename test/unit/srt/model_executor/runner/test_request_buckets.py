@@ -87,12 +87,21 @@ def runner(monkeypatch):
         runner.require_mlp_tp_gather = False
         runner.enable_cp_bcg_capture = False
         runner.model_runner = SimpleNamespace(
-            attn_backend=hybrid, is_draft_worker=False, model=SimpleNamespace()
+            attn_backend=hybrid,
+            is_draft_worker=False,
+            model=SimpleNamespace(),
+            model_config=SimpleNamespace(context_len=4096),
         )
         runner.track = False
 
         def capture_prepare(num_tokens):
             batch = capture_batch(_case(num_tokens), runner.track)
+            # As sglang's: requests of at most the model's context length.
+            context = runner.model_runner.model_config.context_len
+            lens = [min(context, num_tokens - s) for s in range(0, num_tokens, context)]
+            lens += [0] * (SLOTS - len(lens))
+            batch.extend_seq_lens = torch.tensor(lens)
+            batch.extend_seq_lens_cpu = lens
             batch.lora_ids = batch.global_num_tokens_gpu = None
             return batch, hybrid
 
@@ -234,6 +243,16 @@ def test_breakable_graphs_keep_upstreams_keys(runner):
     PrefillCudaGraphRunner.capture_one_shape(runner, 64)  # as full: buckets recorded
     runner._is_full_backend = False
     assert runner._shape_key(64, _one_request()) == ShapeKey(size=64)
+
+
+def test_request_buckets_hold_the_capture_batchs_requests(runner):
+    """A context shorter than the bucket: sglang's capture batch holds two
+    requests, so the bucket has no graph over one slot."""
+    runner.model_runner.model_config.context_len = 40
+    PrefillCudaGraphRunner.capture_one_shape(runner, 64)
+    assert set(runner.backend._graphs) == {
+        ShapeKey(size=64, attention_variant=_variant(r)) for r in (None, 2, 4)
+    }
 
 
 def test_buckets_above_the_token_bound_capture_one_graph(runner):
