@@ -24,7 +24,9 @@ if [ "${NOFA3:-0}" = 1 ]; then
   mkdir -p "$work/w" "$work/sk"
   join | tar xf - -C "$work/w"
   python3 -m zipfile -e "$work/w/sglang_kernel_hopper.zip" "$work/sk"
-  rm -f "$work/sk/sgl_kernel/flash_ops.abi3.so" "$work/w/sglang_kernel_hopper.zip"
+  fa3="$work/sk/sgl_kernel/flash_ops.abi3.so"
+  [ -f "$fa3" ] || { echo "resplit_bundle: no $fa3 in the bundle (KEEP_FA3=1?)" >&2; exit 1; }
+  rm "$fa3" "$work/w/sglang_kernel_hopper.zip"
   (cd "$work/sk" && python3 -m zipfile -c "$work/w/sglang_kernel_hopper.zip" .)
   (cd "$work/w" && tar cf "$work/b.tar" -- *)
   sha256=$(sha256sum "$work/b.tar" | cut -d' ' -f1)

@@ -130,8 +130,9 @@ MAMBA2_FULL_BEATS_BREAKABLE = False
 # Request buckets of a Mamba2 full prefill graph. Upstream's MambaMixer2 extend
 # does per-sequence work for every request slot a graph was captured with (the
 # initial-state gather and select, _chunk_state_varlen, one logical chunk per
-# sequence in the chunk scan): 7.4 of the 15.9 ms GPU time of one 16-token prompt
-# at Falcon-H1-7B's dimensions with 16 slots (mamba2_2026-12-03's profile). So
+# sequence in the chunk scan): at Falcon-H1-7B's dimensions the 16-slot graph's
+# GPU time for one 16-token prompt was 15.9 ms against breakable's 8.5, most of
+# the difference in those kernels (mamba2_2026-12-03's profile). So
 # each token bucket up to REQUEST_BUCKET_MAX_TOKENS also captures a graph per
 # request count here below the slots, and a batch of fewer requests replays the
 # smallest that holds it (..model_executor.runner.prefill_cuda_graph_runner).

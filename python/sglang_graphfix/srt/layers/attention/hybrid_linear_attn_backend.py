@@ -55,7 +55,7 @@ from sglang_graphfix.srt.layers.attention.mamba.mamba2_prefill_graph import (
 #          prefill graph captures (before the decode runner):
 #          "IndexError: list index out of range".
 # How:     Plan the full-attention side as before; give the linear side its own
-#          per-token-bucket tables (GDN: prepare_full_prefill_graph_tables; KDA:
+#          per-graph tables (GDN: prepare_full_prefill_graph_tables; KDA:
 #          upstream's breakable-graph tables, prepare_kda_full_prefill_graph_tables;
 #          Mamba2: prepare_mamba2_full_prefill_graph_metadata, the forward
 #          metadata upstream's MambaMixer2 extend runs on; LFM2:
@@ -150,10 +150,14 @@ def linear_request_rows(hybrid, forward_batch, *, in_capture: bool):
     itself, or, under a request bucket's graph, its first request slots (the
     requests, then zero-length padding), with batch_size set to them. The
     full-attention side keeps every slot."""
+    if not getattr(
+        hybrid, CAPTURE_REQUEST_SLOTS if in_capture else REQUEST_BUCKETS, None
+    ):
+        return forward_batch  # no request buckets (as upstream)
     requests = num_real_requests(forward_batch.extend_seq_lens_cpu)
     bucket = forward_batch.input_ids.shape[0]
     slots = (
-        getattr(hybrid, CAPTURE_REQUEST_SLOTS, None)
+        getattr(hybrid, CAPTURE_REQUEST_SLOTS)
         if in_capture
         else replay_request_slots(hybrid, bucket, requests)
     )

@@ -144,16 +144,6 @@ def route_full_prefill_fallback(original, self):
             kernel = linear.linear_attn_backends.prefill.value
             eager_kernel = f"sglang's default kernels (GDN prefill: {kernel})"
             _warm_eager_gdn_prefill(linear, kernel)
-    buckets = getattr(model_runner.attn_backend, REQUEST_BUCKETS, {})
-    if buckets:
-        logger.info(
-            "Full prefill CUDA graph request buckets: in the %d token buckets up "
-            "to %d tokens, a batch of fewer requests replays a graph over %s "
-            "request slots (the smallest that holds it).",
-            len(buckets),
-            max(buckets),
-            "/".join(map(str, sorted(set().union(*buckets.values())))),
-        )
     logger.info(
         "Full prefill CUDA graph routing: a prefill batch replays the graph with "
         "up to %d request(s) and %d token(s) (buckets %s); others (more requests "
@@ -195,20 +185,21 @@ def request_bucket_label(slots: int) -> str:
 #          request bucket of the bucket (capture_request_buckets: Mamba2, up to
 #          REQUEST_BUCKET_MAX_TOKENS tokens) and record them on the
 #          HybridLinearAttnBackend.
-# Why:     Every replay runs the linear extend over the graph's request slots.
-#          Upstream's MambaMixer2 does per-sequence state work for each of them,
-#          so one 16-token prompt at Falcon-H1-7B's dimensions spent 7.4 of its
-#          15.9 ms on the GPU on 15 empty slots (issue 13's "a batch of few
-#          requests does not pay for many request slots").
+# Why:     Every replay runs the linear extend over the graph's request slots,
+#          and upstream's MambaMixer2 does per-sequence state work for each of
+#          them: at Falcon-H1-7B's dimensions the 16-slot graph's GPU time for one
+#          16-token prompt was 15.9 ms against breakable's 8.5, most of the
+#          difference in per-sequence kernels run for all 17 sequences (issue
+#          13's "a batch of few requests does not pay for many request slots").
 # How:     Upstream's capture of the shape runs again per request bucket with
 #          CAPTURE_REQUEST_SLOTS set on the attention backend: the
 #          full-attention side still plans every slot, the linear side allocates
 #          tables over the first ones (linear_request_rows), and
 #          key_graph_by_request_bucket files the graph under the bucket's
-#          attention variant. Only request buckets that hold the capture
-#          batch's requests (one per context length of tokens); not with
-#          chunked-prefix variants, a fixed prefill context size, DP attention
-#          or draft workers.
+#          attention variant; logged once, at the first bucket. Only request
+#          buckets that hold the capture batch's requests (one per context
+#          length of tokens); not with chunked-prefix variants, a fixed prefill
+#          context size, DP attention or draft workers.
 # Upstream: sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py::PrefillCudaGraphRunner.capture_one_shape
 # Removal: once upstream captures prefill graphs per request count.
 def capture_request_bucket_graphs(original, self, size, *args, **kwargs):
@@ -217,6 +208,15 @@ def capture_request_bucket_graphs(original, self, size, *args, **kwargs):
     if not buckets:
         return
     hybrid = self.model_runner.attn_backend
+    if not getattr(hybrid, REQUEST_BUCKETS, None):  # the largest bucket first
+        logger.info(
+            "Full prefill CUDA graph request buckets: token buckets up to %d "
+            "tokens also capture graphs over %s request slots; a batch of fewer "
+            "requests than the graph's %d replays the smallest that holds it.",
+            size,
+            "/".join(map(str, buckets)),
+            self._capture_req_slots,
+        )
     for slots in buckets:
         setattr(hybrid, CAPTURE_REQUEST_SLOTS, slots)
         try:
@@ -261,12 +261,11 @@ def _request_buckets_to_capture(runner, size, prefix_num_chunks=0) -> tuple:
 # Removal: with capture_request_bucket_graphs.
 def replay_request_bucket_graph(original, self, num_tokens, forward_batch):
     key = original(self, num_tokens, forward_batch)
-    if not self._is_full_backend:
+    hybrid = self.model_runner.attn_backend
+    if not (self._is_full_backend and getattr(hybrid, REQUEST_BUCKETS, None)):
         return key
     slots = replay_request_slots(
-        self.model_runner.attn_backend,
-        num_tokens,
-        num_real_requests(forward_batch.extend_seq_lens_cpu),
+        hybrid, num_tokens, num_real_requests(forward_batch.extend_seq_lens_cpu)
     )
     if slots is None:
         return key

@@ -10,6 +10,7 @@ GPU), the model forward and torch's CUDA graph."""
 
 import contextlib
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from mamba2_prefill_graph_cases import (
     graph_runtime,
     live_batch,
     mamba2_backend,
+    replay_view,
 )
 
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
@@ -267,27 +269,49 @@ def test_request_buckets_ship_off():
     assert capability.MAMBA2_REQUEST_BUCKETS_CAPTURED is False
 
 
-def test_switched_off_a_bucket_captures_one_graph(runner, monkeypatch):
-    monkeypatch.setattr(capability, "MAMBA2_REQUEST_BUCKETS_CAPTURED", False)
+def test_switched_off_a_bucket_captures_one_graph(runner):
+    # mock.patch, as the fixture's graph_runtime: restored in order.
+    with mock.patch.object(capability, "MAMBA2_REQUEST_BUCKETS_CAPTURED", False):
+        PrefillCudaGraphRunner.capture_one_shape(runner, 64)
+        assert set(runner.backend._graphs) == {ShapeKey(size=64)}
+        assert runner._shape_key(64, _one_request()) == ShapeKey(size=64)
+
+
+def test_a_replay_on_other_request_slots_than_captured_fails_clearly(runner):
+    """The per-graph stores are keyed by (tokens, request slots): a batch padded
+    to other slots than any graph of its bucket finds no tables."""
     PrefillCudaGraphRunner.capture_one_shape(runner, 64)
-    assert set(runner.backend._graphs) == {ShapeKey(size=64)}
-    assert runner._shape_key(64, _one_request()) == ShapeKey(size=64)
+    case = _case(64, lens=[5] * 6)
+    case.slots = 6  # captured: 8 (and the request buckets 1, 2, 4)
+    with pytest.raises(RuntimeError, match="64-token bucket with 6 request slots"):
+        runner.model_runner.attn_backend.init_forward_metadata_out_graph(
+            replay_view(case, live_batch(case)), in_capture=False
+        )
 
 
-def test_request_buckets_stay_below_the_slots_and_the_tokens(monkeypatch):
-    monkeypatch.setattr(capability, "MAMBA2_REQUEST_BUCKETS_CAPTURED", True)
+def test_request_buckets_stay_below_the_slots_and_the_tokens():
     linear = mamba2_backend(CHUNK)
-    assert ours.capture_request_buckets(linear, 4, 16) == (1, 2)
-    assert ours.capture_request_buckets(linear, 64, 16) == (1, 2, 4, 8)
-    assert ours.capture_request_buckets(linear, 64, 2) == (1,)
-    monkeypatch.setattr(capability, "MAMBA2_REQUEST_BUCKETS", ())
-    assert ours.capture_request_buckets(linear, 64, 16) == ()
+    with mock.patch.object(capability, "MAMBA2_REQUEST_BUCKETS_CAPTURED", True):
+        assert ours.capture_request_buckets(linear, 4, 16) == (1, 2)
+        assert ours.capture_request_buckets(linear, 64, 16) == (1, 2, 4, 8)
+        assert ours.capture_request_buckets(linear, 64, 2) == (1,)
+        with mock.patch.object(capability, "MAMBA2_REQUEST_BUCKETS", ()):
+            assert ours.capture_request_buckets(linear, 64, 16) == ()
 
 
 def test_other_families_capture_one_graph_per_bucket():
     from gdn_stub import make_gdn
+    from kda_stub import make_kda
 
-    assert ours.capture_request_buckets(make_gdn(), 64, 16) == ()
+    from sglang.srt.layers.attention.linear.short_conv_backend import (
+        ShortConvAttnBackend,
+    )
+
+    short_conv = ShortConvAttnBackend.__new__(ShortConvAttnBackend)
+    with mock.patch.object(capability, "MAMBA2_REQUEST_BUCKETS_CAPTURED", True):
+        assert ours.capture_request_buckets(mamba2_backend(CHUNK), 64, 16)
+        for linear in (make_gdn(), make_kda(), short_conv):
+            assert ours.capture_request_buckets(linear, 64, 16) == ()
 
 
 def test_a_capture_batch_beyond_the_request_bucket_fails_clearly(runner):
