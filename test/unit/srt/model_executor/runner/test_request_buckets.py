@@ -9,6 +9,7 @@ hardware is stood in for: the capture batch (capture_prepare builds it on the
 GPU), the model forward and torch's CUDA graph."""
 
 import contextlib
+import logging
 from types import SimpleNamespace
 from unittest import mock
 
@@ -36,6 +37,9 @@ from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import (
 )
 from sglang_graphfix.srt import full_prefill_graph_capability as capability
 from sglang_graphfix.srt.layers.attention import hybrid_linear_attn_backend as ours
+from sglang_graphfix.srt.model_executor.runner import (
+    prefill_cuda_graph_runner as runner_hooks,
+)
 
 SLOTS, CHUNK = 8, 16
 
@@ -136,7 +140,8 @@ def _variant(slots):
     return None if slots is None else f"request_slots:{slots}"
 
 
-def test_a_bucket_captures_a_graph_per_request_bucket(runner):
+def test_a_bucket_captures_a_graph_per_request_bucket(runner, caplog):
+    caplog.set_level(logging.INFO, logger=runner_hooks.__name__)
     PrefillCudaGraphRunner.capture_one_shape(runner, 64)
     assert set(runner.backend._graphs) == {
         ShapeKey(size=64, attention_variant=_variant(r)) for r in (None, 1, 2, 4)
@@ -148,6 +153,16 @@ def test_a_bucket_captures_a_graph_per_request_bucket(runner):
     assert hybrid.full_attn_backend.planned == [SLOTS] * 4
     assert getattr(hybrid, ours.REQUEST_BUCKETS) == {64: (1, 2, 4)}
     assert getattr(hybrid, ours.CAPTURE_REQUEST_SLOTS) is None
+    PrefillCudaGraphRunner.capture_one_shape(runner, 16)  # the next, smaller bucket
+    assert getattr(hybrid, ours.REQUEST_BUCKETS) == {64: (1, 2, 4), 16: (1, 2, 4)}
+    logged = [
+        r.getMessage() for r in caplog.records if "request buckets" in r.getMessage()
+    ]
+    assert logged == [
+        "Full prefill CUDA graph request buckets: token buckets up to 64 tokens "
+        "also capture graphs over 1/2/4 request slots; a batch of fewer requests "
+        "than the graph's 8 replays the smallest that holds it."
+    ]
 
 
 def _replayed(runner, case):
