@@ -90,12 +90,15 @@ def backend_on(case, pools, device):
     return backend
 
 
-def hybrid_of(linear):
+def hybrid_of(linear, full=None):
+    """A HybridLinearAttnBackend over ``linear`` and ``full`` (default: a
+    full-attention side that plans nothing)."""
     hybrid = upstream.HybridLinearAttnBackend.__new__(upstream.HybridLinearAttnBackend)
-    hybrid.full_attn_backend = SimpleNamespace(
+    hybrid.full_attn_backend = full or SimpleNamespace(
         init_forward_metadata_out_graph=lambda *a, **k: None
     )
     hybrid.linear_attn_backend = linear
+    hybrid.attn_backend_list = [hybrid.full_attn_backend, linear]
     return hybrid
 
 

@@ -15,6 +15,7 @@ from unittest import mock
 
 import pytest
 import torch
+from mamba2_backend_cases import hybrid_of
 from mamba2_prefill_graph_cases import (
     capture_batch,
     graph_runtime,
@@ -23,9 +24,6 @@ from mamba2_prefill_graph_cases import (
     replay_view,
 )
 
-from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
-    HybridLinearAttnBackend,
-)
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import (
     PrefillCudaGraphRunner,
@@ -81,10 +79,7 @@ def runner(monkeypatch):
             stack.enter_context(patch)
         monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
         linear = mamba2_backend(CHUNK)
-        hybrid = HybridLinearAttnBackend.__new__(HybridLinearAttnBackend)
-        hybrid.full_attn_backend = _FullAttn()
-        hybrid.linear_attn_backend = linear
-        hybrid.attn_backend_list = [hybrid.full_attn_backend, linear]
+        hybrid = hybrid_of(linear, _FullAttn())
         runner = PrefillCudaGraphRunner.__new__(PrefillCudaGraphRunner)
         runner._is_full_backend = True
         runner._capture_req_slots = SLOTS
