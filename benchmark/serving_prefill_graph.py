@@ -339,11 +339,40 @@ for line in sys.stdin:
 DONE = "@@graphfix-bench-done@@"
 
 
+BENCH_MODULE = "sglang.benchmark.serving"
+
+
+def client_import_error(module: str = BENCH_MODULE) -> str | None:
+    """Why ``module`` does not import in a fresh python, None if it does. On the
+    2026-12-03 H200 bundle sglang.benchmark.serving did not (its datasets
+    package, an sglang requirement, was missing): every run then failed only
+    after its server had started."""
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {module}"], capture_output=True, text=True
+    )
+    if done.returncode == 0:
+        return None
+    lines = done.stderr.strip().splitlines()
+    return lines[-1] if lines else f"exit status {done.returncode}"
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM (a `timeout` around this script) exits through Python, so that
+    run_mode's cleanup stops the server it started in its own session; killed
+    by the default handler, the script left the server holding the GPU, and the
+    next engine of the block found no memory."""
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 class BenchClient:
     """A python process running sglang.benchmark.serving's cli_main once per
     command line sent to it (``module``: the benchmark module, for tests)."""
 
-    def __init__(self, module: str = "sglang.benchmark.serving"):
+    def __init__(self, module: str = BENCH_MODULE):
         self.proc = subprocess.Popen(
             [sys.executable, "-c", f"DONE = {DONE!r}\n" + CLIENT, module],
             stdin=subprocess.PIPE,
@@ -618,6 +647,14 @@ def main() -> None:
     args.modes = args.modes.split(",")
     args.workloads = args.workloads.split(",")
     args.scale = 0.25 if args.quick else 1.0
+    error = client_import_error(BENCH_MODULE)
+    if error:
+        sys.exit(
+            f"serving_prefill_graph: {BENCH_MODULE} does not import ({error}); "
+            "no server started. Install what it names (sglang's own requirements; "
+            "an offline bundle needs its wheel too)."
+        )
+    exit_on_sigterm()
 
     out = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
     log_dir = out / "logs" if out else Path(tempfile.mkdtemp(prefix="serving_logs"))

@@ -22,3 +22,8 @@ python3 -m pip install -q --upgrade --no-deps --no-build-isolation --target /tmp
   >/tmp/install.log 2>&1
 python3 -c "import cutlass, sglang, sglang_graphfix; print('device setup: sglang', sglang.__version__)" \
   || { tail -5 /tmp/assemble.log /tmp/install.log; false; }
+# sglang.benchmark.serving (benchmark/serving_prefill_graph.py's client) needs
+# datasets, an sglang requirement the shared bundle leaves out: build the bundle
+# with datasets==5.2.0 among its extra requirements (its own needs are in the image).
+python3 -c "import sglang.benchmark.serving" 2>/dev/null \
+  || echo "device setup: sglang.benchmark.serving does not import; serving benchmarks will stop (bundle built without datasets==5.2.0?)"

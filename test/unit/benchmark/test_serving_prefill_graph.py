@@ -223,3 +223,55 @@ def test_profiled_falcon_h1_is_the_served_one_and_captures_the_full_graph(
         kwargs = latency._engine_kwargs(spec, latency.PREFILL[name])
         path = kwargs.pop("model_path")
         assert prefill_backend(resolved(path, gpu="h200", **kwargs)) == backend
+
+
+def test_a_client_that_does_not_import_stops_the_run_before_any_server(
+    tmp_path, monkeypatch
+):
+    """On the 2026-12-03 H200 bundle sglang.benchmark.serving did not import (no
+    datasets): every run failed, each after its server had started. main() now
+    names the import error and starts no server."""
+    (tmp_path / "broken_serving.py").write_text("import datasets_missing_here\n")
+    (tmp_path / "fake_serving.py").write_text(FAKE_SERVING)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    bench = load_benchmark("serving_prefill_graph")
+    assert bench.client_import_error("fake_serving") is None
+    error = bench.client_import_error("broken_serving")
+    assert "No module named 'datasets_missing_here'" in error
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("a server was started")
+
+    monkeypatch.setattr(bench, "BENCH_MODULE", "broken_serving")
+    monkeypatch.setattr(bench, "run_mode", no_server)
+    monkeypatch.setattr(bench, "MODELS", {"tiny": no_server})
+    monkeypatch.setattr("sys.argv", ["serving_prefill_graph.py", "--model", "tiny"])
+    with pytest.raises(SystemExit) as stopped:
+        bench.main()
+    assert "broken_serving does not import" in str(stopped.value)
+    assert "datasets_missing_here" in str(stopped.value)
+
+
+def test_sigterm_runs_the_cleanup_that_stops_the_server():
+    """A `timeout` around the script sends SIGTERM: it must unwind through
+    run_mode's finally (which stops the server's process group), not end the
+    process where it stands."""
+    import os
+    import signal
+    import time
+
+    bench = load_benchmark("serving_prefill_graph")
+    previous = signal.getsignal(signal.SIGTERM)
+    cleaned = []
+    try:
+        bench.exit_on_sigterm()
+        with pytest.raises(SystemExit) as stopped:
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # interrupted by the handler's SystemExit
+            finally:
+                cleaned.append(True)
+        assert stopped.value.code == 128 + signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert cleaned == [True]
