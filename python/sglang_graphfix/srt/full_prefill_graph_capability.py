@@ -136,12 +136,15 @@ MAMBA2_FULL_BEATS_BREAKABLE = False
 # each token bucket up to REQUEST_BUCKET_MAX_TOKENS also captures a graph per
 # request count here below the slots, and a batch of fewer requests replays the
 # smallest that holds it (..model_executor.runner.prefill_cuda_graph_runner).
-# Each count adds one graph per such bucket to the start-up capture. Off until an
-# H200 runs them (CPU-checked: the runner's own capture and replay paths, sglang's
-# kernels in Triton's interpreter on request-bucket tables; the GPU cases are
-# test_mamba2_extend_graph.py and test_mamba2_full_prefill_graph.py's
-# test_fewer_requests_replay_request_bucket_graphs): while False, one graph over
-# all slots per bucket, as before.
+# Each count adds one graph per such bucket to the start-up capture: at
+# Falcon-H1-7B's dimensions the buckets up to 512 tokens took 72 s (fresh H200)
+# and 1.05 GB of graph memory with them (the whole prefill graph 3.25 GB, 2.42
+# without them on 2026-12-02). Their
+# outputs equal eager on an H200 (tree 963c7ea, benchmark/results/gpu/
+# mamba2_2026-12-03b/: test_mamba2_extend_graph.py, and the tiny Falcon-H1
+# engine's test_fewer_requests_replay_request_bucket_graphs and graph vs eager);
+# off until a served run shows what they gain in time to first token for that
+# memory: while False, one graph over all slots per bucket, as before.
 MAMBA2_REQUEST_BUCKETS_CAPTURED = False
 MAMBA2_REQUEST_BUCKETS = (1, 2, 4, 8)
 REQUEST_BUCKET_MAX_TOKENS = 512
