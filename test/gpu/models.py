@@ -32,7 +32,8 @@ def chunk_256_batches() -> list:
     Mamba2 alike): several requests incl. a 1-token one; around the 256
     boundary (255, 256, 257 = one chunk + 1); a 1000-token prompt (4 chunks that
     continue the linear state); prefix hits on both (the radix cache restores
-    states tracked above); a full set of slots. 8 new tokens each."""
+    states tracked above); a full set of slots; one prompt of one token (below
+    the smallest bucket: it replays that bucket). 8 new tokens each."""
     long, p257 = prompts(0, [1000, 257])
     inputs = [
         prompts(1, [1, 7, 64]),
@@ -42,8 +43,14 @@ def chunk_256_batches() -> list:
         [long],
         [long[:512] + prompts(4, [40])[0], p257[:256] + prompts(5, [9])[0]],
         prompts(6, [5, 17, 33, 90]),
+        prompts(7, [1]),
     ]
     return [{"input_ids": ids, "max_new_tokens": 8} for ids in inputs]
+
+
+def one_token_batches(batches: list) -> list:
+    """Indices of the batches of a single one-token prompt."""
+    return [i for i, b in enumerate(batches) if [len(p) for p in b["input_ids"]] == [1]]
 
 
 def tiny_kimi_linear(path: Path) -> str:

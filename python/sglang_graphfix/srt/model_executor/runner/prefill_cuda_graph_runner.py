@@ -345,9 +345,60 @@ def _eager_reason(runner, forward_batch) -> str:
     if num_tokens > runner.max_num_tokens:
         return f"more than {runner.max_num_tokens} tokens"
     bucket = runner._pad_to_bucket(num_tokens, runner.capture_num_tokens)
-    if bucket > num_tokens * _MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR:
+    if (
+        bucket > num_tokens * _MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR
+        and _smallest_bucket_for(runner, num_tokens) is None
+    ):
         return (
             f"under 1/{_MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR} of the smallest "
             f"bucket that fits ({bucket} tokens)"
         )
     return "other replay condition"
+
+
+# What:    Wraps PrefillCudaGraphRunner.can_replay_locally: under a full prefill
+#          graph on a hybrid linear-attention model, a prefill batch of fewer
+#          tokens than the smallest bucket (of at most SMALLEST_BUCKET_MAX_TOKENS)
+#          replays that bucket.
+# Why:     sglang runs a batch eager when its bucket is more than twice its
+#          tokens, so with its default buckets (4, 8, ...) every one-token
+#          prefill ran eager: sglang's own /health_generate, and every prompt
+#          the radix cache holds but for its last token. Under a full graph the
+#          eager Mamba2 kernels are not built at startup (its capture runs the
+#          tables path): on a fresh H200 the first /health_generate of a
+#          Falcon-H1-7B-sized server with the full graph waited 2 min 15 s for
+#          them (2026-12-03). Eager is slower there too: 141.7 ms with prefill
+#          graphs disabled against the full graph's 47.4 for one 16-token prompt
+#          (2026-12-02).
+# How:     Such a batch is judged as the smallest bucket, which load_batch pads
+#          it to; every other condition is upstream's (also for the DP vote,
+#          which calls this too). Breakable graphs, models without linear
+#          attention and larger smallest buckets keep upstream's rule.
+# Upstream: sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py::PrefillCudaGraphRunner.can_replay_locally
+# Removal: once upstream's padding limit lets a batch below the smallest
+#          bucket replay it.
+def replay_small_batches_in_smallest_bucket(original, self, **kwargs):
+    smallest = _smallest_bucket_for(self, kwargs.get("num_tokens"))
+    if smallest is not None:
+        kwargs["num_tokens"] = smallest
+    return original(self, **kwargs)
+
+
+# The largest smallest bucket a batch below it replays (sglang's default is 4);
+# above it the padding of a short batch is unmeasured.
+SMALLEST_BUCKET_MAX_TOKENS = 16
+
+
+def _smallest_bucket_for(runner, num_tokens) -> int | None:
+    """The smallest bucket, where a batch of ``num_tokens`` replays it under
+    replay_small_batches_in_smallest_bucket; else None."""
+    smallest = min(runner.capture_num_tokens, default=None)
+    if (
+        runner._is_full_backend
+        and num_tokens
+        and smallest is not None
+        and num_tokens < smallest <= SMALLEST_BUCKET_MAX_TOKENS
+        and _linear_attention_backends(runner.model_runner.attn_backend)
+    ):
+        return smallest
+    return None

@@ -100,20 +100,68 @@ def test_each_prefill_batch_counts_its_path(caplog, fresh_counter):
     caplog.set_level(logging.INFO, logger=ours.__name__)
     verdicts = [
         runner.can_run_graph(_batch(lens))
-        for lens in ([16], [30, 30], [8, 8, 8], [600], [100, 100], [5] * 9, [7])
+        for lens in ([16], [30, 30], [8, 8, 8], [600], [100, 100], [5] * 9, [20])
     ]
     assert verdicts == [True, True, False, False, True, False, False]
     assert fresh_counter.graph == 3
     assert fresh_counter.eager == {
         f"more than {SLOTS} requests": 2,
         "more than 512 tokens": 1,
-        # sglang's padding limit: 7 tokens would pad to the 16-token bucket
-        "under 1/2 of the smallest bucket that fits (16 tokens)": 1,
+        # sglang's padding limit: 20 tokens would pad to the 64-token bucket
+        "under 1/2 of the smallest bucket that fits (64 tokens)": 1,
     }
     # One INFO line on the first eager batch of each reason, with the summary.
     first = [r.getMessage() for r in caplog.records if "first eager" in r.getMessage()]
     assert len(first) == 3
     assert "more than 2 requests" in first[0] and "2 full graph, 1 eager" in first[0]
+
+
+def test_a_batch_below_the_smallest_bucket_replays_it_on_hybrid_models(fresh_counter):
+    """sglang's padding limit sent every batch under half the smallest bucket
+    eager: with its default buckets (4, 8, ...) each one-token prefill
+    (/health_generate, a prompt cached but for its last token). Under a hybrid
+    model's full graph it replays the smallest bucket (one of at most
+    SMALLEST_BUCKET_MAX_TOKENS); models without linear attention and breakable
+    graphs keep sglang's rule."""
+    runner = _runner()
+    assert [runner.can_run_graph(_batch(lens)) for lens in ([1], [7], [3, 4])] == [
+        True,
+        True,
+        True,
+    ]
+    assert (fresh_counter.graph, fresh_counter.eager) == (3, {})
+    # The other conditions still hold, and name themselves: too many requests
+    # for the slots, input embeddings.
+    assert not runner.can_run_graph(_batch([1, 1, 1]))
+    embeds = _batch([1])
+    embeds.input_embeds = torch.zeros(1, 8)
+    assert not runner.can_run_graph(embeds)
+    assert fresh_counter.eager == {
+        f"more than {SLOTS} requests": 1,
+        "other replay condition": 1,
+    }
+    fresh_counter.reset()
+
+    # A smallest bucket above SMALLEST_BUCKET_MAX_TOKENS keeps sglang's rule.
+    large = _runner()
+    large.capture_num_tokens = [32, 64, 256, 512]
+    assert ours.SMALLEST_BUCKET_MAX_TOKENS < 32
+    assert not large.can_run_graph(_batch([15]))
+    assert large.can_run_graph(_batch([16]))
+
+    attention_only = _runner()
+    attention_only.model_runner = SimpleNamespace(attn_backend=SimpleNamespace())
+    assert not attention_only.can_run_graph(_batch([7]))
+    assert fresh_counter.eager == {
+        "under 1/2 of the smallest bucket that fits (32 tokens)": 1,
+        "under 1/2 of the smallest bucket that fits (16 tokens)": 1,
+    }
+
+    breakable = _runner()
+    breakable._is_full_backend = False
+    breakable.prefill_backend_name = Backend.BREAKABLE
+    assert not breakable.can_run_graph(_batch([7]))
+    assert breakable.can_run_graph(_batch([9]))
 
 
 def test_breakable_graphs_count_nothing(fresh_counter):
