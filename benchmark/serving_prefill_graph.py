@@ -348,7 +348,10 @@ def client_import_error(module: str = BENCH_MODULE) -> str | None:
     package, an sglang requirement, was missing): every run then failed only
     after its server had started."""
     done = subprocess.run(
-        [sys.executable, "-c", f"import {module}"], capture_output=True, text=True
+        [sys.executable, "-c", f"import {module}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     if done.returncode == 0:
         return None
@@ -363,6 +366,9 @@ def exit_on_sigterm() -> None:
     next engine of the block found no memory."""
 
     def handler(signum, frame):
+        # `timeout` signals the script and then its process group: a second
+        # SIGTERM must not interrupt the cleanup the first one started.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, handler)
@@ -470,8 +476,9 @@ def run_mode(model_dir: Path, mode: str, args, log_dir: Path, entry, save) -> No
         )
     entry.update({"server_command": " ".join(cmd), "runs": {}, "warmup": {}})
     runs = {run[0]: run for w in args.workloads for run in WORKLOADS[w]}
-    client = BenchClient()
+    client, stopped = None, None
     try:
+        client = BenchClient()
         entry["ready_s"] = round(wait_ready(proc, port, args.ready_timeout), 1)
         plan = [(runs[WARMUP[w]], True) for w in args.workloads]
         plan += [(run, False) for run in runs.values()]
@@ -491,19 +498,33 @@ def run_mode(model_dir: Path, mode: str, args, log_dir: Path, entry, save) -> No
                 mode, "warm-up" * warmup, run[0], json.dumps(result)[:300], flush=True
             )
             save()
+    except SystemExit as exc:  # SIGTERM (exit_on_sigterm): recorded, then re-raised
+        entry["error"] = f"stopped by a signal (exit status {exc.code})"
+        stopped = exc
     except Exception as exc:  # the mode's failure is a result, not a crash
         entry["error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        client.close()
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        time.sleep(5)  # the GPU is free before the next server starts
+        stop_server(proc)
+        if client is not None:
+            client.close()
     text = log_path.read_text(errors="replace")
     entry["server_log"] = {**log_facts(text), "ready_s": _ready_seconds(text)}
     save()
+    if stopped is not None:
+        raise stopped
+    time.sleep(5)  # the GPU is free before the next server starts
+
+
+def stop_server(proc) -> None:
+    """SIGTERM to the server's process group (its own session), SIGKILL after 60 s."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:  # the whole group has exited already
+        proc.wait()
 
 
 def workload_of(row: dict):
@@ -652,7 +673,8 @@ def main() -> None:
         sys.exit(
             f"serving_prefill_graph: {BENCH_MODULE} does not import ({error}); "
             "no server started. Install what it names (sglang's own requirements; "
-            "an offline bundle needs its wheel too)."
+            "an offline bundle built by ../shared/gpu/bundle.sh needs "
+            "datasets==5.2.0 among its extra requirements: test/gpu/resplit_bundle.sh)."
         )
     exit_on_sigterm()
 

@@ -33,7 +33,8 @@ def chunk_256_batches() -> list:
     boundary (255, 256, 257 = one chunk + 1); a 1000-token prompt (4 chunks that
     continue the linear state); prefix hits on both (the radix cache restores
     states tracked above); a full set of slots; one prompt of one token (below
-    the smallest bucket: it replays that bucket). 8 new tokens each."""
+    the smallest bucket: it replays that bucket); the 257-token prompt again (a
+    prefix hit that leaves one token to extend). 8 new tokens each."""
     long, p257 = prompts(0, [1000, 257])
     inputs = [
         prompts(1, [1, 7, 64]),
@@ -44,6 +45,7 @@ def chunk_256_batches() -> list:
         [long[:512] + prompts(4, [40])[0], p257[:256] + prompts(5, [9])[0]],
         prompts(6, [5, 17, 33, 90]),
         prompts(7, [1]),
+        [p257],
     ]
     return [{"input_ids": ids, "max_new_tokens": 8} for ids in inputs]
 

@@ -137,9 +137,9 @@ MAMBA2_FULL_BEATS_BREAKABLE = False
 # request count here below the slots, and a batch of fewer requests replays the
 # smallest that holds it (..model_executor.runner.prefill_cuda_graph_runner).
 # Each count adds one graph per such bucket to the start-up capture: at
-# Falcon-H1-7B's dimensions the buckets up to 512 tokens took 72 s (fresh H200)
-# and 1.05 GB of graph memory with them (the whole prefill graph 3.25 GB, 2.42
-# without them on 2026-12-02). Their
+# Falcon-H1-7B's dimensions the buckets up to 512 tokens, each with its request
+# buckets, took 72 s (fresh H200) and 1.05 GB of graph memory (what the request
+# buckets alone add is not measured). Their
 # outputs equal eager on an H200 (tree 963c7ea, benchmark/results/gpu/
 # mamba2_2026-12-03b/: test_mamba2_extend_graph.py, and the tiny Falcon-H1
 # engine's test_fewer_requests_replay_request_bucket_graphs and graph vs eager);
@@ -148,6 +148,12 @@ MAMBA2_FULL_BEATS_BREAKABLE = False
 MAMBA2_REQUEST_BUCKETS_CAPTURED = False
 MAMBA2_REQUEST_BUCKETS = (1, 2, 4, 8)
 REQUEST_BUCKET_MAX_TOKENS = 512
+# Under a hybrid model's full prefill graph a batch below the smallest bucket
+# replays it (..model_executor.runner.prefill_cuda_graph_runner.
+# replay_small_batches_in_smallest_bucket) when that bucket has at most this many
+# tokens. Chosen, not measured: sglang's default smallest bucket is 4 tokens, and
+# the GPU tests capture from 16; a larger smallest bucket keeps sglang's rule.
+SMALL_BATCH_REPLAY_MAX_BUCKET = 16
 # What the H200 runs above covered: bfloat16 weights, one group (every case, the
 # kernel level included) and 8 (NemotronH "M-M*-", GPU case nemotron_h_groups8,
 # 2026-12-02: graph vs eager with no token mismatch over 104 steps, logprobs

@@ -3,6 +3,7 @@ resolves as the published Qwen3-Next-80B-A3B-FP8 checkpoint does (sglang's own
 ModelConfig dtype and quantization resolution, on CPU)."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -252,26 +253,86 @@ def test_a_client_that_does_not_import_stops_the_run_before_any_server(
     assert "datasets_missing_here" in str(stopped.value)
 
 
-def test_sigterm_runs_the_cleanup_that_stops_the_server():
-    """A `timeout` around the script sends SIGTERM: it must unwind through
-    run_mode's finally (which stops the server's process group), not end the
-    process where it stands."""
+# run_mode under exit_on_sigterm, with a stand-in server (its own session, as
+# launch_server's) that writes its pid and sleeps, a wait_ready that sleeps, and
+# no benchmark client: the test signals the script as `timeout` does.
+SIGTERM_SCRIPT = """
+import json, os, sys, time
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, sys.argv[1])
+from benchmark_modules import load_benchmark
+
+bench = load_benchmark("serving_prefill_graph")
+folder = Path(sys.argv[2])
+server = "import os, time; open(%r, 'w').write(str(os.getpid())); time.sleep(300)"
+bench.server_command = lambda *a: [sys.executable, "-c", server % str(folder / "pid")]
+
+
+def wait_ready(proc, port, timeout):
+    (folder / "waiting").write_text("")
+    time.sleep(300)
+
+
+bench.wait_ready = wait_ready
+bench.BenchClient = lambda: SimpleNamespace(close=lambda: None)
+bench.exit_on_sigterm()
+entry = {}
+args = SimpleNamespace(workloads=["burst"], ready_timeout=300, scale=1.0)
+bench.run_mode(
+    folder, "full", args, folder, entry,
+    lambda: (folder / "report.json").write_text(json.dumps(entry)),
+)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_sigterm_stops_the_server_and_records_why(tmp_path):
+    """`timeout` around the script sends SIGTERM to it and then to its process
+    group. The script must stop the server it started in the server's own
+    session (killed by the default handler, it left the server holding the
+    GPU: the next engine found no memory), and say in the report why the mode
+    ended."""
     import os
     import signal
+    import subprocess
+    import sys
     import time
 
-    bench = load_benchmark("serving_prefill_graph")
-    previous = signal.getsignal(signal.SIGTERM)
-    cleaned = []
+    script = tmp_path / "run.py"
+    script.write_text(SIGTERM_SCRIPT)
+    test_dir = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(test_dir), str(tmp_path)],
+        start_new_session=True,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    server = None
     try:
-        bench.exit_on_sigterm()
-        with pytest.raises(SystemExit) as stopped:
-            try:
-                os.kill(os.getpid(), signal.SIGTERM)
-                time.sleep(5)  # interrupted by the handler's SystemExit
-            finally:
-                cleaned.append(True)
-        assert stopped.value.code == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "waiting").exists() or not (tmp_path / "pid").exists():
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "the stand-in server never started"
+            time.sleep(0.1)
+        server = int((tmp_path / "pid").read_text())
+        assert _alive(server)
+        os.kill(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(90) == 128 + signal.SIGTERM, proc.stderr.read()
+        assert not _alive(server)
+        report = json.loads((tmp_path / "report.json").read_text())
+        assert report["error"] == "stopped by a signal (exit status 143)"
+        assert "server_log" in report
     finally:
-        signal.signal(signal.SIGTERM, previous)
-    assert cleaned == [True]
+        for pid in (proc.pid, server):
+            if pid is not None and _alive(pid):
+                os.kill(pid, signal.SIGKILL)

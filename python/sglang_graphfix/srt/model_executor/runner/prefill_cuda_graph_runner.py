@@ -25,6 +25,7 @@ from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import (
     _MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR,
 )
 from sglang.srt.runtime_context import get_exec, get_spec
+from sglang_graphfix.srt import full_prefill_graph_capability as capability
 from sglang_graphfix.srt.full_prefill_graph_capability import (
     require_capturable_full_prefill_graph,
 )
@@ -358,8 +359,8 @@ def _eager_reason(runner, forward_batch) -> str:
 
 # What:    Wraps PrefillCudaGraphRunner.can_replay_locally: under a full prefill
 #          graph on a hybrid linear-attention model, a prefill batch of fewer
-#          tokens than the smallest bucket (of at most SMALLEST_BUCKET_MAX_TOKENS)
-#          replays that bucket.
+#          tokens than the smallest bucket (of at most
+#          capability.SMALL_BATCH_REPLAY_MAX_BUCKET tokens) replays that bucket.
 # Why:     sglang runs a batch eager when its bucket is more than twice its
 #          tokens, so with its default buckets (4, 8, ...) every one-token
 #          prefill ran eager: sglang's own /health_generate, and every prompt
@@ -367,9 +368,9 @@ def _eager_reason(runner, forward_batch) -> str:
 #          eager Mamba2 kernels are not built at startup (its capture runs the
 #          tables path): on a fresh H200 the first /health_generate of a
 #          Falcon-H1-7B-sized server with the full graph waited 2 min 15 s for
-#          them (2026-12-03). Eager is slower there too: 141.7 ms with prefill
-#          graphs disabled against the full graph's 47.4 for one 16-token prompt
-#          (2026-12-02).
+#          them (2026-12-03). Eager is slower there too: served with prefill
+#          graphs disabled, the median time to first token of one 16-token prompt
+#          was 141.7 ms, against 47.4 with the full graph (2026-12-02).
 # How:     Such a batch is judged as the smallest bucket, which load_batch pads
 #          it to; every other condition is upstream's (also for the DP vote,
 #          which calls this too). Breakable graphs, models without linear
@@ -384,11 +385,6 @@ def replay_small_batches_in_smallest_bucket(original, self, **kwargs):
     return original(self, **kwargs)
 
 
-# The largest smallest bucket a batch below it replays (sglang's default is 4);
-# above it the padding of a short batch is unmeasured.
-SMALLEST_BUCKET_MAX_TOKENS = 16
-
-
 def _smallest_bucket_for(runner, num_tokens) -> int | None:
     """The smallest bucket, where a batch of ``num_tokens`` replays it under
     replay_small_batches_in_smallest_bucket; else None."""
@@ -397,7 +393,7 @@ def _smallest_bucket_for(runner, num_tokens) -> int | None:
         runner._is_full_backend
         and num_tokens
         and smallest is not None
-        and num_tokens < smallest <= SMALLEST_BUCKET_MAX_TOKENS
+        and num_tokens < smallest <= capability.SMALL_BATCH_REPLAY_MAX_BUCKET
         and _linear_attention_backends(runner.model_runner.attn_backend)
     ):
         return smallest

@@ -121,7 +121,7 @@ def test_a_batch_below_the_smallest_bucket_replays_it_on_hybrid_models(fresh_cou
     eager: with its default buckets (4, 8, ...) each one-token prefill
     (/health_generate, a prompt cached but for its last token). Under a hybrid
     model's full graph it replays the smallest bucket (one of at most
-    SMALLEST_BUCKET_MAX_TOKENS); models without linear attention and breakable
+    SMALL_BATCH_REPLAY_MAX_BUCKET tokens); models without linear attention and breakable
     graphs keep sglang's rule."""
     runner = _runner()
     assert [runner.can_run_graph(_batch(lens)) for lens in ([1], [7], [3, 4])] == [
@@ -142,10 +142,10 @@ def test_a_batch_below_the_smallest_bucket_replays_it_on_hybrid_models(fresh_cou
     }
     fresh_counter.reset()
 
-    # A smallest bucket above SMALLEST_BUCKET_MAX_TOKENS keeps sglang's rule.
+    # A smallest bucket above SMALL_BATCH_REPLAY_MAX_BUCKET keeps sglang's rule.
     large = _runner()
     large.capture_num_tokens = [32, 64, 256, 512]
-    assert ours.SMALLEST_BUCKET_MAX_TOKENS < 32
+    assert ours.capability.SMALL_BATCH_REPLAY_MAX_BUCKET < 32
     assert not large.can_run_graph(_batch([15]))
     assert large.can_run_graph(_batch([16]))
 
