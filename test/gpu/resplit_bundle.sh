@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# Re-split the offline GPU bundle into
-# smaller parts (built by `KEEP_FA3=1 bash ../shared/gpu/bundle.sh .gpu-bundle
-# sgl-deep-gemm==0.2.3.post2 sgl-flash-mla==1.0.0 datasets==5.2.0`: parts of 60 MB;
-# datasets, an sglang requirement the shared list leaves out, for
-# sglang.benchmark.serving), so that one part plus this working tree stays under the device
-# tool's 64 MiB per call (the tracked tree alone is ~9.6 MB, and 60 MB parts then
-# overflow). assemble.sh and device_setup.sh read it unchanged from
-# /tmp/gpu-bundle/NN/part.
+# Re-split the offline GPU bundle into smaller parts, so that one part plus this
+# working tree stays under the device tool's 64 MiB per call (the tracked tree
+# alone is ~9.6 MB, and the bundle's 60 MB parts then overflow). Build the bundle
+# with `KEEP_FA3=1 bash ../shared/gpu/bundle.sh .gpu-bundle
+# sgl-deep-gemm==0.2.3.post2 sgl-flash-mla==1.0.0 datasets==5.2.0` (datasets, an
+# sglang requirement the shared list leaves out, for sglang.benchmark.serving).
+# assemble.sh and device_setup.sh read it unchanged from /tmp/gpu-bundle/NN/part.
 #   bash test/gpu/resplit_bundle.sh .gpu-bundle .gpu-bundle2 [PART_BYTES]
 # NOFA3=1 also drops sglang-kernel's FlashAttention-3 library (1.1 GB unpacked,
 # most of the bundle's sglang_kernel_hopper.zip) from a KEEP_FA3=1 bundle: 21

@@ -388,11 +388,11 @@ def replay_small_batches_in_smallest_bucket(original, self, **kwargs):
 def _smallest_bucket_for(runner, num_tokens) -> int | None:
     """The smallest bucket, where a batch of ``num_tokens`` replays it under
     replay_small_batches_in_smallest_bucket; else None."""
+    if not (runner._is_full_backend and num_tokens):  # every breakable batch
+        return None
     smallest = min(runner.capture_num_tokens, default=None)
     if (
-        runner._is_full_backend
-        and num_tokens
-        and smallest is not None
+        smallest is not None
         and num_tokens < smallest <= capability.SMALL_BATCH_REPLAY_MAX_BUCKET
         and _linear_attention_backends(runner.model_runner.attn_backend)
     ):

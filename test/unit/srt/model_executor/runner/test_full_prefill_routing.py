@@ -121,8 +121,8 @@ def test_a_batch_below_the_smallest_bucket_replays_it_on_hybrid_models(fresh_cou
     eager: with its default buckets (4, 8, ...) each one-token prefill
     (/health_generate, a prompt cached but for its last token). Under a hybrid
     model's full graph it replays the smallest bucket (one of at most
-    SMALL_BATCH_REPLAY_MAX_BUCKET tokens); models without linear attention and breakable
-    graphs keep sglang's rule."""
+    SMALL_BATCH_REPLAY_MAX_BUCKET tokens); models without linear attention and
+    breakable graphs keep sglang's rule."""
     runner = _runner()
     assert [runner.can_run_graph(_batch(lens)) for lens in ([1], [7], [3, 4])] == [
         True,
