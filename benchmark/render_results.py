@@ -498,6 +498,9 @@ def masked_state_copy() -> list:
     return rows
 
 
+SUITE_2026_12_03 = "gpu/suite_2026-12-03/"
+
+
 def mamba2() -> list:
     """The captured Mamba2 extend on the H200: kernel level (results/gpu/mamba2/)
     and the tiny engines, graph vs eager with a wrong-state control per case
@@ -532,10 +535,32 @@ def mamba2() -> list:
     names[("gpu/mamba2_2026-12-03/", "falcon_h1_extra_buffer")] = (
         "tiny Falcon-H1 (bf16), extra buffer, K track rows per bucket (2026-12-03)"
     )
+    names[(SUITE_2026_12_03, "nemotron_h_mlp_extra_buffer")] = (
+        'tiny NemotronH "M-M*-" (bf16), extra buffer, request buckets, one-token '
+        "prompts (a lone one, and a one-token extend on a prefix hit) (2026-12-03)"
+    )
+    stems = {
+        key: (
+            f"mamba2_full_prefill_vs_eager_{key[1]}",
+            f"mamba2_full_prefill_wrong_state_{key[1]}",
+        )
+        for key in names
+    }
+    # The GDN engine of the same block, FlashInfer's GDN prefill captured.
+    key = (SUITE_2026_12_03, "gdn_default")
+    names[key] = (
+        "GDN: tiny Qwen3-Next, FlashInfer's GDN prefill, the same one-token prompts "
+        "(2026-12-03)"
+    )
+    stems[key] = (
+        "hybrid_gdn_full_prefill_vs_eager_default",
+        "hybrid_gdn_full_prefill_wrong_state_default",
+    )
     reports = []
     for (folder, case), label in names.items():
-        report = _load(f"{folder}mamba2_full_prefill_vs_eager_{case}.json")
-        bad = _load(f"{folder}mamba2_full_prefill_wrong_state_{case}.json")["batches"]
+        vs_eager, wrong_state = stems[folder, case]
+        report = _load(f"{folder}{vs_eager}.json")
+        bad = _load(f"{folder}{wrong_state}.json")["batches"]
         diff, mismatches, steps = _steps(report["batches"])
         ties = sum(b["near_tie_splits"] for b in report["batches"])
         top = max(t["max_logprob_diff"] for t in report["first_token_topk"])
@@ -789,6 +814,10 @@ SERVING_SAME_SESSION = (
 SERVING_CAPPED = "gpu/serving_2026-12-02/full_capped/serving_prefill_graph.json"
 SERVING_LONG = "gpu/serving_2026-12-02b/full_breakable_long/serving_prefill_graph.json"
 SERVING_FALCON_H1 = "gpu/serving_2026-12-02c/falcon_h1_7b/serving_prefill_graph.json"
+SERVING_NEMOTRON_H = (
+    "gpu/serving_2026-12-03/nemotron_h_8b/serving_prefill_graph.json",
+    "gpu/serving_2026-12-03/nemotron_h_8b_request_buckets/serving_prefill_graph.json",
+)
 SERVING_LATEST = (
     "gpu/serving_2026-12-02/full_breakable/serving_prefill_graph.json",
     SERVING_CAPPED,
@@ -809,6 +838,16 @@ def render() -> str:
         + served_profile()
         + masked_state_copy()
         + gdn_prefill_kernel_choice()
+        + serving(
+            SERVING_NEMOTRON_H,
+            "Mamba2 hybrid with MLP layers (issue 16), on which sglang runs every "
+            "prefill eager (breakable here is eager); the three servers one after "
+            "another in one session, at one commit. 'full, request buckets': full "
+            "with MAMBA2_REQUEST_BUCKETS_CAPTURED on (the test probe's "
+            "GRAPHFIX_PROBE_MAMBA2_REQUEST_BUCKETS_CAPTURED=1; off in that tree, "
+            "on as shipped since). ",
+            renamed={SERVING_NEMOTRON_H[1]: "full, request buckets"},
+        )
         + serving(
             (SERVING_FALCON_H1,),
             "Mamba2 hybrid (issue 16): the three servers one after another in one "
