@@ -191,6 +191,17 @@ SERVER_ARGS = {
 }
 
 
+# Servers' --context-length unless given: room for the long workload's prompts.
+CONTEXT_LENGTH = 20480
+
+
+def default_context_length(path: Path) -> int:
+    """CONTEXT_LENGTH, or the config's max_position_embeddings where fewer
+    (Nemotron-H-8B's 8192: sglang refuses a longer context than the model's)."""
+    config = json.loads((path / "config.json").read_text())
+    return min(CONTEXT_LENGTH, config.get("max_position_embeddings") or CONTEXT_LENGTH)
+
+
 def word_level_tokenizer(path: Path) -> None:
     """A tokenizer of the config's vocabulary size, one word per id (no hub):
     sglang's server and benchmark client load it like any checkpoint's."""
@@ -639,7 +650,12 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--workloads", default="chat,burst,long")
     parser.add_argument("--quick", action="store_true", help="a quarter of the prompts")
-    parser.add_argument("--context-length", type=int, default=20480)
+    parser.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        help=f"default: {CONTEXT_LENGTH}, or the model's positions where fewer",
+    )
     parser.add_argument("--mem-fraction-static", type=float, default=0.85)
     parser.add_argument("--ready-timeout", type=float, default=900)
     parser.add_argument(
@@ -684,6 +700,8 @@ def main() -> None:
     model_dir = Path(tempfile.mkdtemp(prefix=f"{args.model}_"))
     MODELS[args.model](model_dir)
     word_level_tokenizer(model_dir)
+    if args.context_length is None:
+        args.context_length = default_context_length(model_dir)
 
     from provenance import provenance
 

@@ -56,6 +56,24 @@ def test_served_falcon_h1_full_mode_is_what_users_get(tmp_path, monkeypatch):
     assert command[-2:] == flags
 
 
+def test_servers_get_a_context_the_model_holds(tmp_path):
+    """Nemotron-H-8B's config sets 8192 positions; sglang refuses a longer
+    --context-length than the model's, so its servers get 8192 unless told."""
+    from sglang.srt.configs.model_config import ModelConfig
+
+    bench = load_benchmark("serving_prefill_graph")
+    for build, context in ((bench.nemotron_h_8b, 8192), (bench.falcon_h1_7b, 20480)):
+        path = tmp_path / build.__name__
+        build(path)
+        assert bench.default_context_length(path) == context
+        config = ModelConfig(str(path), context_length=context)
+        assert config.context_len == context
+    with pytest.raises(ValueError, match="greater than the derived context_length"):
+        ModelConfig(
+            str(tmp_path / "nemotron_h_8b"), context_length=bench.CONTEXT_LENGTH
+        )
+
+
 class _Args:
     def __init__(self, model):
         self.model, self.context_length, self.mem_fraction_static = model, 4096, 0.8
