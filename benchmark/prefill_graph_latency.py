@@ -202,8 +202,9 @@ def _specs() -> dict:
             "shapes": SERVED_SHAPES,
             # The captured graph, which sglang-graphfix runs as breakable on this
             # model as shipped (MAMBA2_FULL_BEATS_BREAKABLE), with its request
-            # buckets (MAMBA2_REQUEST_BUCKETS_CAPTURED, off as shipped; so not
-            # the graph of mamba2_2026-12-03's profile); the test probe sets both.
+            # buckets (MAMBA2_REQUEST_BUCKETS_CAPTURED, on as shipped since
+            # 2026-12-03; not the graph of mamba2_2026-12-03's profile); the test
+            # probe sets both.
             "switches": {
                 "MAMBA2_FULL_BEATS_BREAKABLE": True,
                 "MAMBA2_REQUEST_BUCKETS_CAPTURED": True,

@@ -700,6 +700,7 @@ def render(
         resolving_view,
     )
     from sglang.srt.model_executor.cuda_graph_config import Backend
+    from sglang_graphfix.srt import full_prefill_graph_capability as capability
     from sglang_graphfix.srt.arg_groups.cuda_graph_hook import (
         ROUTE_SOURCE,
         sglang_full_prefill_slots,
@@ -777,6 +778,25 @@ def render(
             f"  prefill CUDA graph  {graph.prefill.backend:<9} "
             f"token buckets {_buckets(graph.prefill.bs or [])}{slots}"
         )
+        if (
+            graph.prefill.backend == Backend.FULL
+            and here is patched
+            and support is not None  # the model config read
+            and capability.MAMBA2_REQUEST_BUCKETS_CAPTURED
+            and capability.mamba_mixer_of_config(model_config_of(args)) == "mamba2"
+        ):
+            lines += [
+                "  " + line
+                for line in _wrapper(20).wrap(
+                    "request buckets     token buckets up to "
+                    f"{capability.REQUEST_BUCKET_MAX_TOKENS} also have graphs over "
+                    + "/".join(map(str, sorted(capability.MAMBA2_REQUEST_BUCKETS)))
+                    + " request slots (those below the slots); a batch of fewer "
+                    "requests replays the smallest that holds it. Not with DP "
+                    "attention's MLP gather or on a draft worker "
+                    "(MAMBA2_REQUEST_BUCKETS_CAPTURED)"
+                )
+            ]
         lines.append(
             f"  decode CUDA graph   {graph.decode.backend:<9} "
             f"batch sizes {_buckets(graph.decode.bs or [])}"

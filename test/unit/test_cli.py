@@ -502,6 +502,40 @@ def test_nemotron_h_with_mlp_layers_and_the_layer_gaps_switch(
         assert "captures no prefill graph for this model" in result[GRAPHFIX]
 
 
+@pytest.mark.parametrize("buckets_captured", [True, False])
+def test_the_plan_names_the_request_buckets_of_a_mamba2_full_graph(
+    capsys, plugin_on, monkeypatch, tmp_path, buckets_captured
+):
+    """A Mamba2 model whose full prefill graph runs as full (NemotronH with MLP
+    layers) lists its request buckets (MAMBA2_REQUEST_BUCKETS_CAPTURED, on as
+    shipped); the switch off, or a GDN model's full graph, lists none."""
+    import torch
+    from tiny_configs import _nemotron_h
+
+    from sglang_graphfix.srt import full_prefill_graph_capability as capability
+
+    path = tmp_path / "nemotron_h"
+    config = _nemotron_h(hybrid_override_pattern="M-M*-", mamba_n_groups=1)
+    config.architectures = ["NemotronHForCausalLM"]
+    config.dtype = torch.bfloat16
+    config.save_pretrained(path)
+    monkeypatch.setattr(capability, "MAMBA2_REQUEST_BUCKETS_CAPTURED", buckets_captured)
+    status, out = explain(
+        capsys, "--model-path", str(path), "--cuda-graph-backend-prefill", "full",
+        "--attention-backend", "flashinfer",
+    )  # fmt: skip
+    assert status == 0 and "prefill CUDA graph  full" in out
+    plan = " ".join(out.split("plan (with sglang-graphfix)")[1].split())
+    listed = (
+        "request buckets token buckets up to 512 also have graphs over 1/2/4/8 "
+        "request slots (those below the slots)"
+    )
+    assert (listed in plan) == buckets_captured
+    status, out = explain(capsys, *DEMO[1:])
+    assert status == 0 and "prefill CUDA graph  full" in out
+    assert "request buckets" not in out
+
+
 def test_falcon_h1_sample_runs_breakable_for_a_full_graph(
     capsys, plugin_on, monkeypatch
 ):

@@ -274,9 +274,9 @@ def test_buckets_above_the_token_bound_capture_one_graph(runner):
     assert runner._shape_key(2 * bound, _one_request()) == ShapeKey(size=2 * bound)
 
 
-def test_request_buckets_ship_off():
-    """Off until an H200 runs them (MAMBA2_REQUEST_BUCKETS_CAPTURED)."""
-    assert capability.MAMBA2_REQUEST_BUCKETS_CAPTURED is False
+def test_request_buckets_ship_on():
+    """On since an H200 served them (MAMBA2_REQUEST_BUCKETS_CAPTURED's comment)."""
+    assert capability.MAMBA2_REQUEST_BUCKETS_CAPTURED is True
 
 
 def test_switched_off_a_bucket_captures_one_graph(runner):
