@@ -15,7 +15,12 @@
 # block has written so far back through $OUT).
 # GRAPHFIX_COMMIT: the commit as `git rev-parse --short HEAD` gives it on the
 # development machine (the device's .git may be stale; provenance records both).
-if [ -d /tmp/jitcache ]; then bash test/gpu/cache_in.sh || echo "device setup: no caches"; fi
+# Each device call is a new shell: a later call that runs Python sources this file
+# again (the site and the caches are kept: assemble.sh skips a site it built, and
+# the caches unpack once; only the install reruns, a few seconds).
+if [ -d /tmp/jitcache ] && [ ! -e /tmp/jitcache/.unpacked ]; then
+  bash test/gpu/cache_in.sh && touch /tmp/jitcache/.unpacked || echo "device setup: no caches"
+fi
 eval "$(bash /tmp/gpu-bundle/00/assemble.sh 2>/tmp/assemble.log)"
 export PYTHONPATH=/tmp/sglang-site/nvidia_cutlass_dsl/dsl_packages:/tmp/sglang-site
 python3 -m pip install -q --upgrade --no-deps --no-build-isolation --target /tmp/sglang-site . \
