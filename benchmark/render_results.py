@@ -797,6 +797,8 @@ def serving(files=("serving_prefill_graph.json",), heading="", renamed=None) -> 
             )
         if entry.get("error"):
             rows.append(f"| {m}: error | {entry['error']} |")
+        for label, why in (entry.get("skipped") or {}).items():
+            rows.append(f"| {m}: {label} not run | {why} |")
     notes = [n for part in reports for n in part.get("notes_hand_written") or []]
     if notes:
         rows += [

@@ -21,7 +21,8 @@ random token ids (dataset random-ids, --tokenize-prompt).
 Workloads (WORKLOADS): short chat-like prompts (input 16-512, output 1-32) at
 several request rates up to saturation; bursts of 1, 4 and 8 prompts of fixed
 length (the first-token path a user hits); long prompts, one at a time (8k-16k
-input, and 2k-4k).
+input, 2k-4k and 4k-8k). Runs whose prompts and output exceed the servers' context
+are left out, and recorded as skipped with the reason.
 Per mode and workload: TTFT p50/p99, ITL p50/p99, request and output throughput,
 straight from sglang.benchmark.serving's JSONL, and how many prefill batches ran
 a CUDA graph or eager (sglang's per-batch log line); per mode: time to ready, the
@@ -94,6 +95,7 @@ WORKLOADS = {
     "long": [
         ("long 8k-16k", 16384, 8, 0.5, INF, 1, 8),
         ("1 x 2k-4k tokens", 4096, 8, 0.5, INF, 1, 16),
+        ("1 x 4k-8k tokens", 8000, 8, 0.5, INF, 1, 16),
     ],
 }
 
@@ -475,6 +477,30 @@ def bench(
 WARMUP = {"chat": "chat rate inf", "burst": "8 x 64 tokens", "long": "long 8k-16k"}
 
 
+def plan_runs(workloads: list, context_length: int) -> tuple:
+    """The runs a server gets, in order: per workload a warm-up (WARMUP, or its
+    longest run that fits where that one does not), then every run; and the runs
+    left out, {label: why}: those whose longest prompt and output exceed the
+    server's context (sglang would reject their requests)."""
+    plan, measured, skipped = [], [], {}
+    for workload in workloads:
+        fits = []
+        for run in WORKLOADS[workload]:
+            label, inp, outp = run[:3]
+            if inp + outp > context_length:
+                skipped[label] = (
+                    f"prompts of up to {inp} tokens and {outp} output tokens exceed "
+                    f"the servers' --context-length {context_length}"
+                )
+            else:
+                fits.append(run)
+        if fits:
+            warmup = next((r for r in fits if r[0] == WARMUP[workload]), None)
+            plan.append((warmup or max(fits, key=lambda r: r[1]), True))
+        measured += [(run, False) for run in fits]
+    return plan + measured, skipped
+
+
 def run_mode(model_dir: Path, mode: str, args, log_dir: Path, entry, save) -> None:
     """Serve ``mode``, fill ``entry`` (the report's entry for it) run by run and
     call ``save()`` after each: a mode cut short keeps what it measured."""
@@ -486,13 +512,13 @@ def run_mode(model_dir: Path, mode: str, args, log_dir: Path, entry, save) -> No
             cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
     entry.update({"server_command": " ".join(cmd), "runs": {}, "warmup": {}})
-    runs = {run[0]: run for w in args.workloads for run in WORKLOADS[w]}
+    plan, skipped = plan_runs(args.workloads, args.context_length)
+    if skipped:
+        entry["skipped"] = skipped
     client, stopped = None, None
     try:
         client = BenchClient()
         entry["ready_s"] = round(wait_ready(proc, port, args.ready_timeout), 1)
-        plan = [(runs[WARMUP[w]], True) for w in args.workloads]
-        plan += [(run, False) for run in runs.values()]
         for run, warmup in plan:
             if proc.poll() is not None:  # its log says why
                 raise RuntimeError(f"server exited with {proc.returncode}")

@@ -74,6 +74,36 @@ def test_servers_get_a_context_the_model_holds(tmp_path):
         )
 
 
+def test_runs_beyond_the_context_are_skipped_with_the_reason():
+    """At Nemotron-H-8B's 8192-token context the 8k-16k prompts would be
+    rejected: the plan leaves them out (their warm-up too, replaced by the
+    longest run that fits) and says why; at 20480 every run is planned."""
+    bench = load_benchmark("serving_prefill_graph")
+    workloads = ["burst", "long"]
+    plan, skipped = bench.plan_runs(workloads, 20480)
+    assert skipped == {}
+    assert [r[0] for r, warmup in plan if warmup] == [
+        bench.WARMUP[w] for w in workloads
+    ]
+    assert [r for r, warmup in plan if not warmup] == [
+        run for w in workloads for run in bench.WORKLOADS[w]
+    ]
+    plan, skipped = bench.plan_runs(workloads, 8192)
+    assert list(skipped) == ["long 8k-16k"]
+    assert "--context-length 8192" in skipped["long 8k-16k"]
+    assert [r[0] for r, warmup in plan if warmup] == [
+        "8 x 64 tokens",
+        "1 x 4k-8k tokens",
+    ]
+    measured = [r[0] for r, warmup in plan if not warmup]
+    assert "long 8k-16k" not in measured and "1 x 2k-4k tokens" in measured
+    assert bench.plan_runs(["long"], 1024) == ([], {
+        run[0]: f"prompts of up to {run[1]} tokens and {run[2]} output tokens "
+        "exceed the servers' --context-length 1024"
+        for run in bench.WORKLOADS["long"]
+    })  # fmt: skip
+
+
 class _Args:
     def __init__(self, model):
         self.model, self.context_length, self.mem_fraction_static = model, 4096, 0.8
@@ -297,7 +327,9 @@ bench.wait_ready = wait_ready
 bench.BenchClient = lambda: SimpleNamespace(close=lambda: None)
 bench.exit_on_sigterm()
 entry = {}
-args = SimpleNamespace(workloads=["burst"], ready_timeout=300, scale=1.0)
+args = SimpleNamespace(
+    workloads=["burst"], ready_timeout=300, scale=1.0, context_length=20480
+)
 bench.run_mode(
     folder, "full", args, folder, entry,
     lambda: (folder / "report.json").write_text(json.dumps(entry)),
