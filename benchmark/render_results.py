@@ -510,7 +510,8 @@ def mamba2() -> list:
     folder = "gpu/mamba2_2026-12-01b/"
     rows = [
         "",
-        "Mamba2 full prefill graph (H200):",
+        "Mamba2 full prefill graph (H200; the last row: the GDN engine of the "
+        "2026-12-03 block, the same batches):",
         "",
         "| check | result |",
         "| --- | --- |",

@@ -39,11 +39,10 @@ prompts, not reported), so kernels built on first use are not timed.
 
 Falcon-H1's full mode serves what a user asking for full gets: the breakable graph
 (sglang-graphfix's route_mamba2_full_prefill_to_breakable). To serve the captured
-full graph instead, keep it, with its request buckets, with the test probe
-(recorded under "environment"):
+full graph instead (with its request buckets, on as shipped), keep it with the test
+probe (recorded under "environment"; the probe also counts every replay):
     mkdir -p /tmp/probe && GRAPHFIX_PROBE_DIR=/tmp/probe \
     GRAPHFIX_PROBE_MAMBA2_FULL_BEATS_BREAKABLE=1 \
-    GRAPHFIX_PROBE_MAMBA2_REQUEST_BUCKETS_CAPTURED=1 \
     PYTHONPATH=test/gpu/probe:$PYTHONPATH python3 benchmark/serving_prefill_graph.py \
         --model falcon-h1-7b --modes full
 

@@ -665,6 +665,34 @@ def _shown(record: logging.LogRecord) -> bool:
     )
 
 
+def _request_buckets_line(args, model_config, slots: int) -> str:
+    """The plan's request buckets of a Mamba2 full prefill graph (the runner's
+    capture_request_bucket_graphs: those below the slots and a bucket's tokens),
+    or an empty line."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang_graphfix.srt import full_prefill_graph_capability as capability
+
+    if not (
+        capability.MAMBA2_REQUEST_BUCKETS_CAPTURED
+        and capability.mamba_mixer_of_config(model_config) == "mamba2"
+    ):
+        return ""
+    counts = [r for r in sorted(capability.MAMBA2_REQUEST_BUCKETS) if r < slots]
+    if not counts:
+        return ""
+    dp = ""
+    if (resolving_view(args).attn_dp_size or 1) > 1:
+        dp = " With DP attention, none where sglang all-gathers the MLP input."
+    return (
+        "request buckets     token buckets up to "
+        f"{capability.REQUEST_BUCKET_MAX_TOKENS} also have graphs over "
+        + "/".join(map(str, counts))
+        + " request slots (those below the bucket's tokens); a batch of fewer "
+        f"requests than the {slots} slots replays the smallest that holds it "
+        f"(MAMBA2_REQUEST_BUCKETS_CAPTURED).{dp}"
+    )
+
+
 def _buckets(sizes) -> str:
     return f"{min(sizes)}..{max(sizes)} ({len(sizes)})" if sizes else "none"
 
@@ -700,7 +728,6 @@ def render(
         resolving_view,
     )
     from sglang.srt.model_executor.cuda_graph_config import Backend
-    from sglang_graphfix.srt import full_prefill_graph_capability as capability
     from sglang_graphfix.srt.arg_groups.cuda_graph_hook import (
         ROUTE_SOURCE,
         sglang_full_prefill_slots,
@@ -763,14 +790,17 @@ def render(
         ]
     else:
         graph = resolving_view(args).cuda_graph_config
-        slots = ""
+        slots, request_slots = "", None
         if graph.prefill.backend == Backend.FULL:
             chunk = resolving_view(args).chunked_prefill_size
+            request_slots = graph.prefill.full_prefill_max_req
             slots = ", request slots " + (
-                str(graph.prefill.full_prefill_max_req)
-                if graph.prefill.full_prefill_max_req is not None
+                str(request_slots)
+                if request_slots is not None
                 else f"{sglang_full_prefill_slots(chunk)} (sglang's rule)"
             )
+            if request_slots is None:
+                request_slots = sglang_full_prefill_slots(chunk)
             cap = resolving_view(args).prefill_max_requests
             if cap is not None:
                 slots += f", at most {cap} requests a prefill batch"
@@ -778,23 +808,11 @@ def render(
             f"  prefill CUDA graph  {graph.prefill.backend:<9} "
             f"token buckets {_buckets(graph.prefill.bs or [])}{slots}"
         )
-        if (
-            graph.prefill.backend == Backend.FULL
-            and here is patched
-            and support is not None  # the model config read
-            and capability.MAMBA2_REQUEST_BUCKETS_CAPTURED
-            and capability.mamba_mixer_of_config(model_config_of(args)) == "mamba2"
-        ):
+        if request_slots and here is patched and support is not None:
             lines += [
                 "  " + line
                 for line in _wrapper(20).wrap(
-                    "request buckets     token buckets up to "
-                    f"{capability.REQUEST_BUCKET_MAX_TOKENS} also have graphs over "
-                    + "/".join(map(str, sorted(capability.MAMBA2_REQUEST_BUCKETS)))
-                    + " request slots (those below the slots); a batch of fewer "
-                    "requests replays the smallest that holds it. Not with DP "
-                    "attention's MLP gather or on a draft worker "
-                    "(MAMBA2_REQUEST_BUCKETS_CAPTURED)"
+                    _request_buckets_line(args, model_config_of(args), request_slots)
                 )
             ]
         lines.append(

@@ -507,8 +507,11 @@ def test_the_plan_names_the_request_buckets_of_a_mamba2_full_graph(
     capsys, plugin_on, monkeypatch, tmp_path, buckets_captured
 ):
     """A Mamba2 model whose full prefill graph runs as full (NemotronH with MLP
-    layers) lists its request buckets (MAMBA2_REQUEST_BUCKETS_CAPTURED, on as
-    shipped); the switch off, or a GDN model's full graph, lists none."""
+    layers) lists the request buckets its runner captures
+    (MAMBA2_REQUEST_BUCKETS_CAPTURED, on as shipped: those below the slots, none
+    with one slot); the switch off, a breakable graph on the same model, a
+    Mamba2 full graph that runs as breakable (Falcon-H1) or a GDN model's full
+    graph list none."""
     import torch
     from tiny_configs import _nemotron_h
 
@@ -520,17 +523,47 @@ def test_the_plan_names_the_request_buckets_of_a_mamba2_full_graph(
     config.dtype = torch.bfloat16
     config.save_pretrained(path)
     monkeypatch.setattr(capability, "MAMBA2_REQUEST_BUCKETS_CAPTURED", buckets_captured)
+
+    def plan(*flags):
+        status, out = explain(
+            capsys, "--model-path", str(path), "--attention-backend", "flashinfer",
+            *flags,
+        )  # fmt: skip
+        assert status == 0
+        return " ".join(out.split("plan (with sglang-graphfix)")[1].split())
+
+    def listed(counts, slots):
+        return (
+            f"request buckets token buckets up to 512 also have graphs over {counts} "
+            "request slots (those below the bucket's tokens); a batch of fewer "
+            f"requests than the {slots} slots replays the smallest that holds it"
+        )
+
+    full = plan("--cuda-graph-backend-prefill", "full")
+    assert "prefill CUDA graph full" in full
+    assert (listed("1/2/4/8", 16) in full) == buckets_captured
+    assert "DP attention" not in full
+    for slots, counts in ((4, "1/2"), (1, None)):
+        config = {"prefill": {"backend": "full", "full_prefill_max_req": slots}}
+        text = plan("--cuda-graph-config", json.dumps(config))
+        assert f"request slots {slots}," in text
+        if counts and buckets_captured:
+            assert listed(counts, slots) in text
+        else:
+            assert "request buckets" not in text
+    assert "request buckets" not in plan("--cuda-graph-backend-prefill", "breakable")
+    dp = plan(
+        "--cuda-graph-backend-prefill", "full", "--tp", "2", "--dp", "2",
+        "--enable-dp-attention",
+    )  # fmt: skip
+    gathered = "With DP attention, none where sglang all-gathers the MLP input."
+    assert (gathered in dp) == buckets_captured
     status, out = explain(
-        capsys, "--model-path", str(path), "--cuda-graph-backend-prefill", "full",
+        capsys, "--sample", "falcon-h1", "--cuda-graph-backend-prefill", "full",
         "--attention-backend", "flashinfer",
     )  # fmt: skip
-    assert status == 0 and "prefill CUDA graph  full" in out
-    plan = " ".join(out.split("plan (with sglang-graphfix)")[1].split())
-    listed = (
-        "request buckets token buckets up to 512 also have graphs over 1/2/4/8 "
-        "request slots (those below the slots)"
-    )
-    assert (listed in plan) == buckets_captured
+    assert status == 0 and "prefill CUDA graph  breakable" in out
+    assert "request buckets" not in out
     status, out = explain(capsys, *DEMO[1:])
     assert status == 0 and "prefill CUDA graph  full" in out
     assert "request buckets" not in out

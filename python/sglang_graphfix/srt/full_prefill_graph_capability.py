@@ -136,15 +136,19 @@ MAMBA2_FULL_BEATS_BREAKABLE = False
 # each token bucket up to REQUEST_BUCKET_MAX_TOKENS also captures a graph per
 # request count here below the slots, and a batch of fewer requests replays the
 # smallest that holds it (..model_executor.runner.prefill_cuda_graph_runner).
-# Each count adds one graph per such bucket to the start-up capture. Their
-# outputs equal eager on an H200 (test_mamba2_extend_graph.py; tiny Falcon-H1,
-# tree 963c7ea, benchmark/results/gpu/mamba2_2026-12-03b/; tiny NemotronH
-# "M-M*-", tree 4043cee, benchmark/results/gpu/suite_2026-12-03/). Served at
-# Nemotron-H-8B's dimensions (benchmark/results/gpu/serving_2026-12-03/), they
-# took the full graph's median time to first token from 23.4 to 14.4 ms for one
-# 16-token prompt and from 58.5 to 43.7 ms for 4 x 256 tokens (sglang's own
-# prefill there, eager: 46.7 and 100.5 ms), for 0.26 GB more graph memory (3.34
-# against 3.08 GB). False: one graph over all slots per bucket.
+# Each count adds one graph per such bucket to the start-up capture (its time
+# not measured alone). On an H200 they match eager on the same kernels at the
+# kernel level for 1-8 slots (test_mamba2_extend_graph.py) and in tiny engines
+# with one group, the extra buffer and 4 slots (request buckets 1 and 2):
+# Falcon-H1, within 0.0033 (tree 963c7ea, benchmark/results/gpu/
+# mamba2_2026-12-03b/), NemotronH "M-M*-", within 5.3e-5 (tree 4043cee,
+# benchmark/results/gpu/suite_2026-12-03/); 8 groups, GraniteMoeHybrid and
+# no_buffer not yet. Served at Nemotron-H-8B's dimensions
+# (benchmark/results/gpu/serving_2026-12-03/), they took the full graph's median
+# time to first token from 23.4 to 14.4 ms for one 16-token prompt and from
+# 58.5 to 43.7 ms for 4 x 256 tokens (sglang's own prefill there, eager: 46.7
+# and 100.5 ms), for 0.26 GB more graph memory (3.34 against 3.08 GB). False:
+# one graph over all slots per bucket.
 MAMBA2_REQUEST_BUCKETS_CAPTURED = True
 MAMBA2_REQUEST_BUCKETS = (1, 2, 4, 8)
 REQUEST_BUCKET_MAX_TOKENS = 512

@@ -74,6 +74,43 @@ def test_servers_get_a_context_the_model_holds(tmp_path):
         )
 
 
+def test_main_serves_nemotron_h_8b_within_its_positions(tmp_path, monkeypatch):
+    """Without --context-length, main() gives Nemotron-H-8B's servers its 8192
+    positions (every mode's server command), and plans no run beyond them."""
+    import sys
+
+    bench = load_benchmark("serving_prefill_graph")
+    commands = []
+
+    def run_mode(model_dir, mode, args, log_dir, entry, save):
+        commands.append(bench.server_command(model_dir, mode, 1, args))
+        entry["planned"] = [
+            r[0] for r, _ in bench.plan_runs(args.workloads, args.context_length)[0]
+        ]
+        save()
+
+    monkeypatch.setattr(bench, "run_mode", run_mode)
+    monkeypatch.setattr(bench, "client_import_error", lambda module=None: None)
+    monkeypatch.setattr(bench, "exit_on_sigterm", lambda: None)
+    monkeypatch.delenv("OUT", raising=False)
+    monkeypatch.setattr(
+        bench.tempfile, "mkdtemp", lambda prefix: str(tmp_path / prefix)
+    )
+    (tmp_path / "nemotron-h-8b_").mkdir()
+    (tmp_path / "serving_logs").mkdir()
+    output = tmp_path / "report.json"
+    monkeypatch.setattr(sys, "argv", [
+        "serving_prefill_graph.py", "--model", "nemotron-h-8b", "--modes",
+        "full,breakable", "--workloads", "long", "--output", str(output),
+    ])  # fmt: skip
+    bench.main()
+    assert len(commands) == 2
+    for command in commands:
+        assert command[command.index("--context-length") + 1] == "8192"
+    planned = json.loads(output.read_text())["modes"]["full"]["planned"]
+    assert "long 8k-16k" not in planned and "1 x 4k-8k tokens" in planned
+
+
 def test_runs_beyond_the_context_are_skipped_with_the_reason():
     """At Nemotron-H-8B's 8192-token context the 8k-16k prompts would be
     rejected: the plan leaves them out (their warm-up too, replaced by the
