@@ -125,6 +125,18 @@ SWITCH = {
     "GRAPHFIX_PROBE_MAMBA2_REQUEST_BUCKETS_CAPTURED": "1",
 }
 FULL = {"backend": "full", "bs": [16, 32, 64, 128, 256], "full_prefill_max_req": 4}
+# Request slots per model where not FULL's 4: with 16 (sglang's at its default
+# chunking) BATCHES' batches of one, two or three and four requests replay the
+# graphs of request buckets 1, 2 and 4; with 4, those of 1 and 2.
+SLOTS = {"nemotron_h_groups8": 16}
+
+
+def _full(model):
+    return {**FULL, "full_prefill_max_req": SLOTS.get(model, 4)}
+
+
+def _replayed_request_buckets(model):
+    return (1, 2, 4) if SLOTS.get(model, 4) > 4 else (1, 2)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -230,11 +242,11 @@ def graph(model_path, strategy, family, model):
     counters = [
         f"{kind}{r}"
         for kind in (f"{family}_graph_replay_slots", "graph_replay_request_slots")
-        for r in (1, 2)
+        for r in _replayed_request_buckets(model)
     ]
     counts = {name: probe_count(name) for name in counters}
     results = run_engine(
-        _engine_kwargs(model_path, strategy, FULL),
+        _engine_kwargs(model_path, strategy, _full(model)),
         BATCHES,
         env=SWITCH,
         top_logprobs_num=TOPK,
@@ -252,9 +264,9 @@ def test_fewer_requests_replay_request_bucket_graphs(graph, model, strategy, fam
     """FULL's 4 request slots: batches of one and two requests replay the graphs
     of request buckets 1 and 2 (MAMBA2_REQUEST_BUCKETS; the comparison with
     eager below covers them), each after a refill of that graph's tables, on
-    Mamba2 models only."""
+    Mamba2 models only; with 16 slots (SLOTS) also request bucket 4."""
     n = REQUEST_BUCKET_REPLAYS[model, strategy]
-    for r in (1, 2):
+    for r in _replayed_request_buckets(model):
         replays = n[f"graph_replay_request_slots{r}"]
         assert replays == n[f"{family}_graph_replay_slots{r}"], n
         assert (replays > 0) == (family == "mamba2"), n
@@ -293,7 +305,7 @@ def test_wrong_graph_state_changes_outputs(
     indices pointed at the padding slot (test probe fault); its outputs must
     leave the tolerance on every batch that replayed."""
     results = run_engine(
-        _engine_kwargs(model_path, strategy, FULL),
+        _engine_kwargs(model_path, strategy, _full(model)),
         BATCHES,
         env={**SWITCH, "GRAPHFIX_PROBE_FAULT": f"{family}_wrong_state"},
     )
