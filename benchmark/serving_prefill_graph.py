@@ -479,14 +479,16 @@ WARMUP = {"chat": "chat rate inf", "burst": "8 x 64 tokens", "long": "long 8k-16
 def plan_runs(workloads: list, context_length: int) -> tuple:
     """The runs a server gets, in order: per workload a warm-up (WARMUP, or its
     longest run that fits where that one does not), then every run; and the runs
-    left out, {label: why}: those whose longest prompt and output exceed the
-    server's context (sglang would reject their requests)."""
+    left out, {label: why}: those whose longest prompt and output do not fit the
+    server's context as sglang's scheduler counts it (it rejects a prompt of
+    context - 6 tokens or more, max_req_input_len, and clips the output to
+    context - prompt - 2)."""
     plan, measured, skipped = [], [], {}
     for workload in workloads:
         fits = []
         for run in WORKLOADS[workload]:
             label, inp, outp = run[:3]
-            if inp + outp > context_length:
+            if inp > context_length - 7 or inp + outp > context_length - 2:
                 skipped[label] = (
                     f"prompts of up to {inp} tokens and {outp} output tokens exceed "
                     f"the servers' --context-length {context_length}"

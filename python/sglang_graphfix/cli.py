@@ -665,31 +665,44 @@ def _shown(record: logging.LogRecord) -> bool:
     )
 
 
-def _request_buckets_line(args, model_config, slots: int) -> str:
-    """The plan's request buckets of a Mamba2 full prefill graph (the runner's
-    capture_request_bucket_graphs: those below the slots and a bucket's tokens),
-    or an empty line."""
+def _request_buckets_line(args, model_config, slots: int, buckets) -> str:
+    """The plan's request buckets of a Mamba2 full prefill graph, as the runner's
+    capture_request_bucket_graphs picks them (counts below the slots and a
+    token bucket's tokens, for token buckets up to REQUEST_BUCKET_MAX_TOKENS),
+    or an empty line. ``slots``: the runner's request slots before sglang caps
+    them at the request pool (--max-running-requests, where set, is applied)."""
     from sglang.srt.arg_groups.overrides import resolving_view
     from sglang_graphfix.srt import full_prefill_graph_capability as capability
 
+    bound = capability.REQUEST_BUCKET_MAX_TOKENS
+    small = [b for b in buckets if b <= bound]
     if not (
-        capability.MAMBA2_REQUEST_BUCKETS_CAPTURED
+        small
+        and capability.MAMBA2_REQUEST_BUCKETS_CAPTURED
         and capability.mamba_mixer_of_config(model_config) == "mamba2"
     ):
         return ""
-    counts = [r for r in sorted(capability.MAMBA2_REQUEST_BUCKETS) if r < slots]
+    view = resolving_view(args)
+    if view.max_running_requests:
+        slots = min(slots, view.max_running_requests)
+    most = min(slots, max(small))
+    counts = [r for r in sorted(capability.MAMBA2_REQUEST_BUCKETS) if r < most]
     if not counts:
         return ""
-    dp = ""
-    if (resolving_view(args).attn_dp_size or 1) > 1:
-        dp = " With DP attention, none where sglang all-gathers the MLP input."
+    if (view.attn_dp_size or 1) > 1:
+        return (
+            "request buckets     not shown under DP attention: the runner "
+            "captures them only where sglang does not all-gather the MLP input "
+            "(require_mlp_tp_gather() false at startup)"
+        )
     return (
-        "request buckets     token buckets up to "
-        f"{capability.REQUEST_BUCKET_MAX_TOKENS} also have graphs over "
+        f"request buckets     token buckets up to {max(small)} also have graphs "
+        "over "
         + "/".join(map(str, counts))
-        + " request slots (those below the bucket's tokens); a batch of fewer "
-        f"requests than the {slots} slots replays the smallest that holds it "
-        f"(MAMBA2_REQUEST_BUCKETS_CAPTURED).{dp}"
+        + (" request slot" if counts == [1] else " request slots")
+        + " (those below the "
+        f"bucket's tokens); a batch of fewer requests than the {slots} slots "
+        "replays the smallest that holds it (MAMBA2_REQUEST_BUCKETS_CAPTURED)"
     )
 
 
@@ -812,7 +825,12 @@ def render(
             lines += [
                 "  " + line
                 for line in _wrapper(20).wrap(
-                    _request_buckets_line(args, model_config_of(args), request_slots)
+                    _request_buckets_line(
+                        args,
+                        model_config_of(args),
+                        request_slots,
+                        graph.prefill.bs or [],
+                    )
                 )
             ]
         lines.append(

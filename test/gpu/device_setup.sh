@@ -16,19 +16,26 @@
 # GRAPHFIX_COMMIT: the commit as `git rev-parse --short HEAD` gives it on the
 # development machine (the device's .git may be stale; provenance records both).
 # Each device call is a new shell: a later call that runs Python sources this file
-# again (the site and the caches are kept: assemble.sh skips a site it built, and
-# the caches unpack once; only the install reruns, a few seconds).
+# again (the site and the caches are kept: assemble.sh skips a site it built, the
+# caches unpack once, and the install reruns only for another tree, so a running
+# block's new processes never meet a half-replaced package). Its status is the
+# import check's.
 if [ -d /tmp/jitcache ] && [ ! -e /tmp/jitcache/.unpacked ]; then
   bash test/gpu/cache_in.sh && touch /tmp/jitcache/.unpacked || echo "device setup: no caches"
 fi
 eval "$(bash /tmp/gpu-bundle/00/assemble.sh 2>/tmp/assemble.log)"
 export PYTHONPATH=/tmp/sglang-site/nvidia_cutlass_dsl/dsl_packages:/tmp/sglang-site
-python3 -m pip install -q --upgrade --no-deps --no-build-isolation --target /tmp/sglang-site . \
-  >/tmp/install.log 2>&1
+tree=$(tar -c --sort=name --mtime=@0 --owner=0 --group=0 --exclude=__pycache__ --exclude='*.egg-info' python pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ "$(cat /tmp/sglang-site/.graphfix-tree 2>/dev/null)" != "$tree" ]; then
+  python3 -m pip install -q --upgrade --no-deps --no-build-isolation --target /tmp/sglang-site . \
+    >/tmp/install.log 2>&1 && echo "$tree" >/tmp/sglang-site/.graphfix-tree
+fi
+setup_failed=
 python3 -c "import cutlass, sglang, sglang_graphfix; print('device setup: sglang', sglang.__version__)" \
-  || { tail -5 /tmp/assemble.log /tmp/install.log; false; }
+  || { tail -5 /tmp/assemble.log /tmp/install.log; setup_failed=1; }
 # sglang.benchmark.serving (benchmark/serving_prefill_graph.py's client) needs
 # datasets, an sglang requirement the shared bundle leaves out: build the bundle
 # with datasets==5.2.0 among its extra requirements (its own needs are in the image).
 python3 -c "import sglang.benchmark.serving" 2>/dev/null \
   || echo "device setup: sglang.benchmark.serving does not import; serving benchmarks will stop (bundle built without datasets==5.2.0?)"
+[ -z "$setup_failed" ]

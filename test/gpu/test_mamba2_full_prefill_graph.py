@@ -126,8 +126,9 @@ SWITCH = {
 }
 FULL = {"backend": "full", "bs": [16, 32, 64, 128, 256], "full_prefill_max_req": 4}
 # Request slots per model where not FULL's 4: with 16 (sglang's at its default
-# chunking) BATCHES' batches of one, two or three and four requests replay the
-# graphs of request buckets 1, 2 and 4; with 4, those of 1 and 2.
+# chunking; the engines' mamba cache caps them at 12 with the extra buffer)
+# BATCHES' batches of one, two or three and four requests replay the graphs of
+# request buckets 1, 2 and 4; with 4, those of 1 and 2.
 SLOTS = {"nemotron_h_groups8": 16}
 
 

@@ -556,8 +556,31 @@ def test_the_plan_names_the_request_buckets_of_a_mamba2_full_graph(
         "--cuda-graph-backend-prefill", "full", "--tp", "2", "--dp", "2",
         "--enable-dp-attention",
     )  # fmt: skip
-    gathered = "With DP attention, none where sglang all-gathers the MLP input."
+    gathered = "request buckets not shown under DP attention"
     assert (gathered in dp) == buckets_captured
+    assert "also have graphs" not in dp
+    # Only buckets above REQUEST_BUCKET_MAX_TOKENS: none; a request pool of two
+    # requests: the runner's slots are two, so one request bucket.
+    large = {"prefill": {"backend": "full", "bs": [1024, 2048]}}
+    assert "request buckets" not in plan("--cuda-graph-config", json.dumps(large))
+    text = plan("--cuda-graph-backend-prefill", "full", "--max-running-requests", "2")
+    if buckets_captured:
+        assert listed("1", 2).replace("1 request slots", "1 request slot") in text
+    # sglang-graphfix off: upstream's plan has no request buckets.
+    monkeypatch.setenv("SGLANG_GRAPHFIX", "0")
+    status, out = explain(
+        capsys, "--model-path", str(path), "--attention-backend", "flashinfer",
+        "--cuda-graph-backend-prefill", "full",
+    )  # fmt: skip
+    assert "plan (upstream sglang)" in out and "request buckets" not in out
+    monkeypatch.delenv("SGLANG_GRAPHFIX")
+    # LFM2's short conv captures no request buckets (Mamba2 only).
+    status, out = explain(
+        capsys, "--sample", "lfm2", "--cuda-graph-backend-prefill", "full",
+        "--attention-backend", "flashinfer", "--dtype", "bfloat16",
+    )  # fmt: skip
+    assert status == 0 and "prefill CUDA graph  full" in out
+    assert "request buckets" not in out
     status, out = explain(
         capsys, "--sample", "falcon-h1", "--cuda-graph-backend-prefill", "full",
         "--attention-backend", "flashinfer",

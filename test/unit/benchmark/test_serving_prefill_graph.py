@@ -134,6 +134,9 @@ def test_runs_beyond_the_context_are_skipped_with_the_reason():
     ]
     measured = [r[0] for r, warmup in plan if not warmup]
     assert "long 8k-16k" not in measured and "1 x 2k-4k tokens" in measured
+    # 8000 + 8 tokens: in at a context of 8010, out at 8009 (sglang's limits).
+    assert "1 x 4k-8k tokens" not in bench.plan_runs(["long"], 8010)[1]
+    assert "1 x 4k-8k tokens" in bench.plan_runs(["long"], 8009)[1]
     assert bench.plan_runs(["long"], 1024) == ([], {
         run[0]: f"prompts of up to {run[1]} tokens and {run[2]} output tokens "
         "exceed the servers' --context-length 1024"
