@@ -674,21 +674,16 @@ def _request_buckets_line(args, model_config, slots: int, buckets) -> str:
     from sglang.srt.arg_groups.overrides import resolving_view
     from sglang_graphfix.srt import full_prefill_graph_capability as capability
 
-    bound = capability.REQUEST_BUCKET_MAX_TOKENS
-    small = [b for b in buckets if b <= bound]
-    if not (
-        small
-        and capability.MAMBA2_REQUEST_BUCKETS_CAPTURED
-        and capability.mamba_mixer_of_config(model_config) == "mamba2"
-    ):
+    if capability.mamba_mixer_of_config(model_config) != "mamba2":
         return ""
     view = resolving_view(args)
     if view.max_running_requests:
         slots = min(slots, view.max_running_requests)
-    most = min(slots, max(small))
-    counts = [r for r in sorted(capability.MAMBA2_REQUEST_BUCKETS) if r < most]
-    if not counts:
+    per_bucket = {b: capability.mamba2_request_buckets(b, slots) for b in buckets}
+    largest = max((b for b, counts in per_bucket.items() if counts), default=None)
+    if largest is None:
         return ""
+    counts = per_bucket[largest]
     if (view.attn_dp_size or 1) > 1:
         return (
             "request buckets     not shown under DP attention: the runner "
@@ -696,10 +691,10 @@ def _request_buckets_line(args, model_config, slots: int, buckets) -> str:
             "(require_mlp_tp_gather() false at startup)"
         )
     return (
-        f"request buckets     token buckets up to {max(small)} also have graphs "
+        f"request buckets     token buckets up to {largest} also have graphs "
         "over "
         + "/".join(map(str, counts))
-        + (" request slot" if counts == [1] else " request slots")
+        + (" request slot" if counts == (1,) else " request slots")
         + " (those below the "
         f"bucket's tokens); a batch of fewer requests than the {slots} slots "
         "replays the smallest that holds it (MAMBA2_REQUEST_BUCKETS_CAPTURED)"
@@ -807,13 +802,10 @@ def render(
         if graph.prefill.backend == Backend.FULL:
             chunk = resolving_view(args).chunked_prefill_size
             request_slots = graph.prefill.full_prefill_max_req
-            slots = ", request slots " + (
-                str(request_slots)
-                if request_slots is not None
-                else f"{sglang_full_prefill_slots(chunk)} (sglang's rule)"
-            )
+            slots = f", request slots {request_slots}"
             if request_slots is None:
                 request_slots = sglang_full_prefill_slots(chunk)
+                slots = f", request slots {request_slots} (sglang's rule)"
             cap = resolving_view(args).prefill_max_requests
             if cap is not None:
                 slots += f", at most {cap} requests a prefill batch"

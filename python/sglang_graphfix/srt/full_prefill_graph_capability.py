@@ -152,6 +152,19 @@ MAMBA2_FULL_BEATS_BREAKABLE = False
 MAMBA2_REQUEST_BUCKETS_CAPTURED = True
 MAMBA2_REQUEST_BUCKETS = (1, 2, 4, 8)
 REQUEST_BUCKET_MAX_TOKENS = 512
+
+
+def mamba2_request_buckets(num_tokens: int, slots: int) -> tuple[int, ...]:
+    """The request counts for which a Mamba2 full graph's ``num_tokens`` bucket
+    also has a graph, with ``slots`` request slots: MAMBA2_REQUEST_BUCKETS below
+    both (while MAMBA2_REQUEST_BUCKETS_CAPTURED), for buckets up to
+    REQUEST_BUCKET_MAX_TOKENS."""
+    if not MAMBA2_REQUEST_BUCKETS_CAPTURED or num_tokens > REQUEST_BUCKET_MAX_TOKENS:
+        return ()
+    most = min(slots, num_tokens)
+    return tuple(r for r in sorted(MAMBA2_REQUEST_BUCKETS) if r < most)
+
+
 # Under a hybrid model's full prefill graph a batch below the smallest bucket
 # replays it (..model_executor.runner.prefill_cuda_graph_runner.
 # replay_small_batches_in_smallest_bucket) when that bucket has at most this many

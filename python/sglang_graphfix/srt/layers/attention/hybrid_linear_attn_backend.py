@@ -115,14 +115,9 @@ def capture_request_buckets(linear, num_tokens: int, slots: int) -> tuple[int, .
     also captures a graph: MAMBA2_REQUEST_BUCKETS on a Mamba2 backend (while
     MAMBA2_REQUEST_BUCKETS_CAPTURED), for buckets up to REQUEST_BUCKET_MAX_TOKENS;
     none for the other families (their padding request slots move no state)."""
-    if (
-        not capability.MAMBA2_REQUEST_BUCKETS_CAPTURED
-        or not isinstance(linear, Mamba2AttnBackend)
-        or num_tokens > capability.REQUEST_BUCKET_MAX_TOKENS
-    ):
+    if not isinstance(linear, Mamba2AttnBackend):
         return ()
-    most = min(slots, num_tokens)
-    return tuple(r for r in sorted(capability.MAMBA2_REQUEST_BUCKETS) if r < most)
+    return capability.mamba2_request_buckets(num_tokens, slots)
 
 
 def replay_request_slots(hybrid, num_tokens: int, requests: int) -> int | None:
