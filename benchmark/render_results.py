@@ -499,6 +499,7 @@ def masked_state_copy() -> list:
 
 
 SUITE_2026_12_03 = "gpu/suite_2026-12-03/"
+SUITE_2026_12_03C = "gpu/suite_2026-12-03c/"
 
 
 def mamba2() -> list:
@@ -539,6 +540,14 @@ def mamba2() -> list:
     names[(SUITE_2026_12_03, "nemotron_h_mlp_extra_buffer")] = (
         'tiny NemotronH "M-M*-" (bf16), extra buffer, request buckets, one-token '
         "prompts (a lone one, and a one-token extend on a prefix hit) (2026-12-03)"
+    )
+    names[(SUITE_2026_12_03C, "granite_moe_hybrid_extra_buffer")] = (
+        "tiny GraniteMoeHybrid (bf16), extra buffer, request buckets 1 and 2 "
+        "(2026-12-03, sixth run)"
+    )
+    names[(SUITE_2026_12_03C, "nemotron_h_groups8_extra_buffer")] = (
+        'tiny NemotronH "M-M*-" (bf16, 8 groups), extra buffer, 12 request slots, '
+        "request buckets 1, 2 and 4 (2026-12-03, sixth run)"
     )
     stems = {
         key: (
@@ -821,6 +830,12 @@ SERVING_NEMOTRON_H = (
     "gpu/serving_2026-12-03/nemotron_h_8b/serving_prefill_graph.json",
     "gpu/serving_2026-12-03/nemotron_h_8b_request_buckets/serving_prefill_graph.json",
 )
+SERVING_NEMOTRON_H_LONG = (
+    "gpu/serving_2026-12-03c/nemotron_h_8b_long/serving_prefill_graph.json"
+)
+SERVING_FALCON_H1_REQUEST_BUCKETS = (
+    "gpu/serving_2026-12-03c/falcon_h1_7b_request_buckets/serving_prefill_graph.json"
+)
 SERVING_LATEST = (
     "gpu/serving_2026-12-02/full_breakable/serving_prefill_graph.json",
     SERVING_CAPPED,
@@ -850,6 +865,20 @@ def render() -> str:
             "GRAPHFIX_PROBE_MAMBA2_REQUEST_BUCKETS_CAPTURED=1; off in that tree, "
             "on as shipped since). ",
             renamed={SERVING_NEMOTRON_H[1]: "full, request buckets"},
+        )
+        + serving(
+            (SERVING_NEMOTRON_H_LONG,),
+            "Nemotron-H-8B's long prompts (issue 16; a later session, tree "
+            "d56e344, request buckets on), full vs breakable (eager on this model), "
+            "one server after the other; its 8192 positions leave out the 8k-16k "
+            "run. ",
+        )
+        + serving(
+            (SERVING_FALCON_H1_REQUEST_BUCKETS,),
+            "Falcon-H1-7B with the full graph kept (the test probe's "
+            "GRAPHFIX_PROBE_MAMBA2_FULL_BEATS_BREAKABLE=1; as shipped it runs "
+            "breakable) and request buckets on, against breakable, one server after "
+            "the other (2026-12-03, tree d56e344). ",
         )
         + serving(
             (SERVING_FALCON_H1,),
