@@ -21,8 +21,10 @@ random token ids (dataset random-ids, --tokenize-prompt).
 Workloads (WORKLOADS): short chat-like prompts (input 16-512, output 1-32) at
 several request rates up to saturation; bursts of 1, 4 and 8 prompts of fixed
 length (the first-token path a user hits); long prompts, one at a time (8k-16k
-input, 2k-4k and 4k-8k). Runs whose prompts and output exceed the servers' context
-are left out, and recorded as skipped with the reason.
+input, 2k-4k and 4k-8k); and, asked for by name, prompts of 512-2048 tokens, one
+and four at a time ("sizes": where a full graph stops beating eager). Runs whose
+prompts and output exceed the servers' context are left out, and recorded as
+skipped with the reason.
 Per mode and workload: TTFT p50/p99, ITL p50/p99, request and output throughput,
 straight from sglang.benchmark.serving's JSONL, and how many prefill batches ran
 a CUDA graph or eager (sglang's per-batch log line); per mode: time to ready, the
@@ -33,7 +35,7 @@ requests); each server first runs one warm-up per workload (WARMUP, other
 prompts, not reported), so kernels built on first use are not timed.
 
     python3 benchmark/serving_prefill_graph.py [--model qwen3-next-80b-a3b-fp8]
-        [--modes disabled,breakable,full] [--workloads chat,burst,long] [--quick]
+        [--modes disabled,breakable,full] [--workloads chat,burst,long,sizes] [--quick]
     python3 benchmark/serving_prefill_graph.py --plot   # PNG from the committed JSON
     python3 benchmark/serving_prefill_graph.py --recover DIR  # a run cut short
 
@@ -95,6 +97,19 @@ WORKLOADS = {
         ("long 8k-16k", 16384, 8, 0.5, INF, 1, 8),
         ("1 x 2k-4k tokens", 4096, 8, 0.5, INF, 1, 16),
         ("1 x 4k-8k tokens", 8000, 8, 0.5, INF, 1, 16),
+    ],
+    # Where a full graph stops beating eager: fixed prompt lengths between the
+    # bursts' and the long runs' (not in the default set: --workloads sizes).
+    "sizes": [
+        (f"{n} x {tokens} tokens", tokens, 1, 1.0, INF, n, 12 * n)
+        for n, tokens in (
+            (1, 512),
+            (1, 1024),
+            (1, 1536),
+            (1, 2048),
+            (4, 512),
+            (4, 1024),
+        )
     ],
 }
 
@@ -473,7 +488,12 @@ def bench(
 # run JIT-compiles kernels, a start-up cost that reached seconds on a fresh H200
 # (13.6 s median TTFT of breakable's first chat run; 7.6 s for full's first
 # batch over its request cap), not serving speed.
-WARMUP = {"chat": "chat rate inf", "burst": "8 x 64 tokens", "long": "long 8k-16k"}
+WARMUP = {
+    "chat": "chat rate inf",
+    "burst": "8 x 64 tokens",
+    "long": "long 8k-16k",
+    "sizes": "4 x 1024 tokens",
+}
 
 
 def plan_runs(workloads: list, context_length: int) -> tuple:

@@ -102,8 +102,10 @@ MAMBA2_FULL_PREFILL_GRAPH = True
 # again, as before. Pure Mamba2 (no attention at all) stays refused either way.
 MAMBA2_LAYER_GAPS_CAPTURED = True
 # NemotronH's MoE ('E') layers under the same hook: off until an H200 runs the
-# GPU case (test/gpu/test_mamba2_full_prefill_graph.py's nemotron_h_moe); while
-# off, NemotronH with MoE layers is refused for the layer scan, as before.
+# GPU case (test/gpu/test_mamba2_full_prefill_graph.py's nemotron_h_moe; its
+# first try, 2026-12-03, gave no verdict: its engine logged nothing for 540 s
+# while the machine compiled kernels, benchmark/results/gpu/suite_2026-12-03c/);
+# while off, NemotronH with MoE layers is refused for the layer scan, as before.
 NEMOTRON_H_MOE_LAYERS_CAPTURED = False
 # LFM2's short-conv layers under the captured extend: sglang's CUDA conv kernel
 # (a grid of request rows, lengths read on the device) on per-bucket tables
@@ -124,8 +126,12 @@ LFM2_FULL_PREFILL_GRAPH = True
 # With the K track rows per bucket, profiled in the scheduler (2026-12-03,
 # benchmark/results/gpu/mamba2_2026-12-03/): 21.0 vs 23.8 ms for 1 x 16 tokens,
 # 37.1 vs 20.3 ms for 8 x 64 (upstream's per-sequence state work over the
-# bucket's 16 request slots). While False, such a full prefill graph runs as
-# breakable (..arg_groups.cuda_graph_hook.route_mamba2_full_prefill_to_breakable).
+# bucket's 16 request slots). Served again with request buckets too (2026-12-03,
+# benchmark/results/gpu/serving_2026-12-03c/falcon_h1_7b_request_buckets/):
+# still above breakable at every burst (19.4 vs 17.5 ms for one 16-token
+# prompt, 53.9 vs 40.5 ms for 8 x 64 tokens). While False, such a full prefill
+# graph runs as breakable
+# (..arg_groups.cuda_graph_hook.route_mamba2_full_prefill_to_breakable).
 MAMBA2_FULL_BEATS_BREAKABLE = False
 # Request buckets of a Mamba2 full prefill graph. Upstream's MambaMixer2 extend
 # does per-sequence work for every request slot a graph was captured with (the
@@ -142,8 +148,10 @@ MAMBA2_FULL_BEATS_BREAKABLE = False
 # with one group, the extra buffer and 4 slots (request buckets 1 and 2):
 # Falcon-H1, within 0.0033 (tree 963c7ea, benchmark/results/gpu/
 # mamba2_2026-12-03b/), NemotronH "M-M*-", within 5.3e-5 (tree 4043cee,
-# benchmark/results/gpu/suite_2026-12-03/); 8 groups, GraniteMoeHybrid and
-# no_buffer not yet. Served at Nemotron-H-8B's dimensions
+# benchmark/results/gpu/suite_2026-12-03/); and with 8 groups and 12 slots
+# (request buckets 1, 2 and 4; within 0.0078) and GraniteMoeHybrid (within
+# 4.6e-5; tree d56e344, benchmark/results/gpu/suite_2026-12-03c/); no_buffer and
+# request bucket 8 not yet. Served at Nemotron-H-8B's dimensions
 # (benchmark/results/gpu/serving_2026-12-03/), they took the full graph's median
 # time to first token from 23.4 to 14.4 ms for one 16-token prompt and from
 # 58.5 to 43.7 ms for 4 x 256 tokens (sglang's own prefill there, eager: 46.7

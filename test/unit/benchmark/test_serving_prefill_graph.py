@@ -144,6 +144,22 @@ def test_runs_beyond_the_context_are_skipped_with_the_reason():
     })  # fmt: skip
 
 
+def test_the_size_sweep_fits_and_is_told_apart_from_the_other_runs():
+    """ "sizes" (prompts of 512-2048 tokens) fits Nemotron-H-8B's context
+    whole, and each of its runs has its own
+    sglang.benchmark.serving parameters, by which --recover finds them."""
+    bench = load_benchmark("serving_prefill_graph")
+    plan, skipped = bench.plan_runs(["sizes"], 8192)
+    assert skipped == {}
+    assert [r[0] for r, warmup in plan if warmup] == ["4 x 1024 tokens"]
+    assert [r[0] for r, warmup in plan if not warmup] == [
+        "1 x 512 tokens", "1 x 1024 tokens", "1 x 1536 tokens", "1 x 2048 tokens",
+        "4 x 512 tokens", "4 x 1024 tokens",
+    ]  # fmt: skip
+    keys = [run[1:6] for runs in bench.WORKLOADS.values() for run in runs]
+    assert len(keys) == len(set(keys))
+
+
 class _Args:
     def __init__(self, model):
         self.model, self.context_length, self.mem_fraction_static = model, 4096, 0.8
