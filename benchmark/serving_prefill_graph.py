@@ -21,8 +21,8 @@ random token ids (dataset random-ids, --tokenize-prompt).
 Workloads (WORKLOADS): short chat-like prompts (input 16-512, output 1-32) at
 several request rates up to saturation; bursts of 1, 4 and 8 prompts of fixed
 length (the first-token path a user hits); long prompts, one at a time (8k-16k
-input, 2k-4k and 4k-8k); and, asked for by name, prompts of 512-2048 tokens, one
-and four at a time ("sizes": where a full graph stops beating eager). Runs whose
+input, 2k-4k and 4k-8k); and, asked for by name, one prompt of 512-3072 tokens or
+four of 512 or 1024 ("sizes": where a full graph stops beating eager). Runs whose
 prompts and output exceed the servers' context are left out, and recorded as
 skipped with the reason.
 Per mode and workload: TTFT p50/p99, ITL p50/p99, request and output throughput,
@@ -104,9 +104,11 @@ WORKLOADS = {
         (f"{n} x {tokens} tokens", tokens, 1, 1.0, INF, n, 12 * n)
         for n, tokens in (
             (1, 512),
+            (1, 768),
             (1, 1024),
             (1, 1536),
             (1, 2048),
+            (1, 3072),
             (4, 512),
             (4, 1024),
         )
@@ -488,6 +490,7 @@ def bench(
 # run JIT-compiles kernels, a start-up cost that reached seconds on a fresh H200
 # (13.6 s median TTFT of breakable's first chat run; 7.6 s for full's first
 # batch over its request cap), not serving speed.
+DEFAULT_WORKLOADS = "chat,burst,long"  # "sizes" only when asked for
 WARMUP = {
     "chat": "chat rate inf",
     "burst": "8 x 64 tokens",
@@ -695,7 +698,7 @@ def main() -> None:
         "--model", default="qwen3-next-80b-a3b-fp8", choices=sorted(MODELS)
     )
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--workloads", default="chat,burst,long")
+    parser.add_argument("--workloads", default=DEFAULT_WORKLOADS)
     parser.add_argument("--quick", action="store_true", help="a quarter of the prompts")
     parser.add_argument(
         "--context-length",

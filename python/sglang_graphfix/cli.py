@@ -701,6 +701,21 @@ def _request_buckets_line(args, model_config, slots: int, buckets) -> str:
     )
 
 
+def _long_prefill_line(model_config) -> str:
+    """The plan's long-prefill routing of a Mamba2 full prefill graph
+    (MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST, as the runner's
+    route_long_mamba2_prefills_eager applies it), or an empty line."""
+    from sglang_graphfix.srt import full_prefill_graph_capability as capability
+
+    limit = capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST
+    if limit is None or capability.mamba_mixer_of_config(model_config) != "mamba2":
+        return ""
+    return (
+        f"long prefills       a batch of more than {limit} new tokens per request "
+        "runs eager (MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST)"
+    )
+
+
 def _buckets(sizes) -> str:
     return f"{min(sizes)}..{max(sizes)} ({len(sizes)})" if sizes else "none"
 
@@ -824,6 +839,10 @@ def render(
                         graph.prefill.bs or [],
                     )
                 )
+            ]
+            lines += [
+                "  " + line
+                for line in _wrapper(20).wrap(_long_prefill_line(model_config_of(args)))
             ]
         lines.append(
             f"  decode CUDA graph   {graph.decode.backend:<9} "

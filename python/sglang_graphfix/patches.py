@@ -56,6 +56,7 @@ PATCHES = (
     Patch(_SRT + "model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.capture", prefill_cuda_graph_runner.route_full_prefill_fallback, HookType.AROUND),
     Patch(_SRT + "model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.can_run_graph", prefill_cuda_graph_runner.count_prefill_paths, HookType.AROUND),
     Patch(_SRT + "model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.can_replay_locally", prefill_cuda_graph_runner.replay_small_batches_in_smallest_bucket, HookType.AROUND),
+    Patch(_SRT + "model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.can_replay_locally", prefill_cuda_graph_runner.route_long_mamba2_prefills_eager, HookType.AROUND),
     Patch(_SRT + "model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.capture_one_shape", prefill_cuda_graph_runner.capture_request_bucket_graphs, HookType.AROUND),
     Patch(_SRT + "model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner._shape_key", prefill_cuda_graph_runner.replay_request_bucket_graph, HookType.AROUND),
     Patch(_SRT + "model_executor.runner_backend.full_cuda_graph_backend.FullCudaGraphBackend.capture_one", full_cuda_graph_backend.key_graph_by_request_bucket, HookType.AROUND),

@@ -592,6 +592,41 @@ def test_the_plan_names_the_request_buckets_of_a_mamba2_full_graph(
     assert "request buckets" not in out
 
 
+def test_the_plan_names_the_long_prefill_limit_of_a_mamba2_full_graph(
+    capsys, plugin_on, monkeypatch, tmp_path
+):
+    """With MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST set (None as shipped), a Mamba2
+    model whose full graph runs as full says which batches run eager; its
+    breakable graph, LFM2's full graph and the limit unset say nothing."""
+    import torch
+    from tiny_configs import _nemotron_h
+
+    from sglang_graphfix.srt import full_prefill_graph_capability as capability
+
+    path = tmp_path / "nemotron_h"
+    config = _nemotron_h(hybrid_override_pattern="M-M*-", mamba_n_groups=1)
+    config.architectures = ["NemotronHForCausalLM"]
+    config.dtype = torch.bfloat16
+    config.save_pretrained(path)
+
+    def plan(*flags):
+        status, out = explain(capsys, *flags, "--attention-backend", "flashinfer")
+        assert status == 0
+        return " ".join(out.split("plan (with sglang-graphfix)")[1].split())
+
+    nemotron = ("--model-path", str(path), "--cuda-graph-backend-prefill")
+    line = "long prefills a batch of more than 1024 new tokens per request runs eager"
+    assert "long prefills" not in plan(*nemotron, "full")
+    monkeypatch.setattr(capability, "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST", 1024)
+    assert line in plan(*nemotron, "full")
+    assert "long prefills" not in plan(*nemotron, "breakable")
+    lfm2 = plan(
+        "--sample", "lfm2", "--cuda-graph-backend-prefill", "full", "--dtype",
+        "bfloat16",
+    )  # fmt: skip
+    assert "prefill CUDA graph full" in lfm2 and "long prefills" not in lfm2
+
+
 def test_falcon_h1_sample_runs_breakable_for_a_full_graph(
     capsys, plugin_on, monkeypatch
 ):

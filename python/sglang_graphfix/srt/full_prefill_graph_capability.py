@@ -103,8 +103,8 @@ MAMBA2_FULL_PREFILL_GRAPH = True
 MAMBA2_LAYER_GAPS_CAPTURED = True
 # NemotronH's MoE ('E') layers under the same hook: off until an H200 runs the
 # GPU case (test/gpu/test_mamba2_full_prefill_graph.py's nemotron_h_moe; its
-# first try, 2026-12-03, gave no verdict: its engine logged nothing for 540 s
-# while the machine compiled kernels, benchmark/results/gpu/suite_2026-12-03c/);
+# first try, 2026-12-03, gave no verdict: its engine logged nothing for its last
+# 8 minutes before the suite's timeout, benchmark/results/gpu/suite_2026-12-03c/);
 # while off, NemotronH with MoE layers is refused for the layer scan, as before.
 NEMOTRON_H_MOE_LAYERS_CAPTURED = False
 # LFM2's short-conv layers under the captured extend: sglang's CUDA conv kernel
@@ -129,7 +129,8 @@ LFM2_FULL_PREFILL_GRAPH = True
 # bucket's 16 request slots). Served again with request buckets too (2026-12-03,
 # benchmark/results/gpu/serving_2026-12-03c/falcon_h1_7b_request_buckets/):
 # still above breakable at every burst (19.4 vs 17.5 ms for one 16-token
-# prompt, 53.9 vs 40.5 ms for 8 x 64 tokens). While False, such a full prefill
+# prompt, 53.9 vs 40.5 ms for 8 x 64 tokens; the full server with the test
+# probe's replay counters). While False, such a full prefill
 # graph runs as breakable
 # (..arg_groups.cuda_graph_hook.route_mamba2_full_prefill_to_breakable).
 MAMBA2_FULL_BEATS_BREAKABLE = False
@@ -149,8 +150,8 @@ MAMBA2_FULL_BEATS_BREAKABLE = False
 # Falcon-H1, within 0.0033 (tree 963c7ea, benchmark/results/gpu/
 # mamba2_2026-12-03b/), NemotronH "M-M*-", within 5.3e-5 (tree 4043cee,
 # benchmark/results/gpu/suite_2026-12-03/); and with 8 groups and 12 slots
-# (request buckets 1, 2 and 4; within 0.0078) and GraniteMoeHybrid (within
-# 4.6e-5; tree d56e344, benchmark/results/gpu/suite_2026-12-03c/); no_buffer and
+# (request buckets 1, 2 and 4; greedy logprobs within 0.0078) and
+# GraniteMoeHybrid (within 4.6e-5; tree d56e344, benchmark/results/gpu/suite_2026-12-03c/); no_buffer and
 # request bucket 8 not yet. Served at Nemotron-H-8B's dimensions
 # (benchmark/results/gpu/serving_2026-12-03/), they took the full graph's median
 # time to first token from 23.4 to 14.4 ms for one 16-token prompt and from
@@ -171,6 +172,33 @@ def mamba2_request_buckets(num_tokens: int, slots: int) -> tuple[int, ...]:
         return ()
     most = min(slots, num_tokens)
     return tuple(r for r in sorted(MAMBA2_REQUEST_BUCKETS) if r < most)
+
+
+# Where a Mamba2 full prefill graph stops beating eager: a prefill batch of more
+# new tokens per request than this runs eager instead of replaying
+# (..model_executor.runner.prefill_cuda_graph_runner.
+# route_long_mamba2_prefills_eager). The full graph runs Mamba2 models only where
+# sglang's own prefill is eager (NemotronH with MLP or MoE layers,
+# GraniteMoeHybrid; breakable elsewhere: MAMBA2_FULL_BEATS_BREAKABLE). Served at
+# Nemotron-H-8B's dimensions on an H200 (benchmark/results/gpu/
+# serving_2026-12-03c/nemotron_h_8b_long/, 4 prompts per run), full's median
+# time to first token was above eager's for one request of 2k-4k tokens (110.4
+# vs 92.3 ms; prompts of 2575-3392) and of 4k-8k (187.7 vs 167.0), and below it
+# for one of 256 (20.2 vs 52.1 ms, serving_2026-12-03/). The crossover is not measured yet
+# (benchmark/serving_prefill_graph.py --workloads sizes), so None: every batch the
+# graph holds replays it, as before. Per request rather than per batch: in the
+# chat run at saturation (serving_2026-12-03/, full's median time to first token
+# 475.6 against eager's 574.9 ms) the graph replayed batches of 16 short prompts,
+# 3554-4877 tokens in all. LFM2's short conv is not covered.
+MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST: int | None = None
+
+
+def mamba2_graph_takes(num_tokens: int, requests: int) -> bool:
+    """Whether a Mamba2 full prefill graph replays a batch of ``num_tokens``
+    new tokens over ``requests`` requests as far as its length goes
+    (MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST)."""
+    limit = MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST
+    return limit is None or num_tokens <= limit * max(requests, 1)
 
 
 # Under a hybrid model's full prefill graph a batch below the smallest bucket

@@ -44,7 +44,11 @@ GRAPHFIX_PROBE_LFM2_FULL_PREFILL_GRAPH=1 and
 GRAPHFIX_PROBE_MAMBA2_FULL_BEATS_BREAKABLE=1 (a full graph on Falcon-H1 and
 NemotronH of Mamba2 and attention layers only stays full) and
 GRAPHFIX_PROBE_MAMBA2_REQUEST_BUCKETS_CAPTURED=1 set those switches, and
-GRAPHFIX_PROBE_MAMBA2_GROUPS=1,8 the group counts of MAMBA2_CHECKED, of
+GRAPHFIX_PROBE_MAMBA2_GROUPS=1,8 the group counts of MAMBA2_CHECKED, and
+GRAPHFIX_PROBE_REQUEST_BUCKET_MAX_TOKENS=<n> the largest token bucket with request
+buckets (a measurement: request buckets for long prompts too), and
+GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST=<n> the tokens per request above
+which a Mamba2 full graph's batch runs eager, of
 full_prefill_graph_capability in every process that loads the plugins (set them
 before the test process's first engine, whose resolution judges Mamba2 too; a
 test that needs the switch in its own process whatever ran before sets the
@@ -87,6 +91,12 @@ def register():
         capability.MAMBA2_FULL_BEATS_BREAKABLE = True
     if os.environ.get("GRAPHFIX_PROBE_MAMBA2_REQUEST_BUCKETS_CAPTURED"):
         capability.MAMBA2_REQUEST_BUCKETS_CAPTURED = True
+    request_bucket_max = os.environ.get("GRAPHFIX_PROBE_REQUEST_BUCKET_MAX_TOKENS")
+    if request_bucket_max:
+        capability.REQUEST_BUCKET_MAX_TOKENS = int(request_bucket_max)
+    per_request = os.environ.get("GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST")
+    if per_request:
+        capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST = int(per_request)
     groups = os.environ.get("GRAPHFIX_PROBE_MAMBA2_GROUPS")
     if groups:
         capability.MAMBA2_CHECKED["groups"] = tuple(map(int, groups.split(",")))

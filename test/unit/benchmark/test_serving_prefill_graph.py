@@ -145,19 +145,23 @@ def test_runs_beyond_the_context_are_skipped_with_the_reason():
 
 
 def test_the_size_sweep_fits_and_is_told_apart_from_the_other_runs():
-    """ "sizes" (prompts of 512-2048 tokens) fits Nemotron-H-8B's context
-    whole, and each of its runs has its own
-    sglang.benchmark.serving parameters, by which --recover finds them."""
+    """The "sizes" workload (one prompt of 512-3072 tokens, four of 512 or 1024)
+    is left out of the default workloads, fits Nemotron-H-8B's context whole,
+    and each run has its own label and its own sglang.benchmark.serving
+    parameters, by which --recover finds it."""
     bench = load_benchmark("serving_prefill_graph")
+    assert "sizes" not in bench.DEFAULT_WORKLOADS.split(",")
+    assert set(bench.DEFAULT_WORKLOADS.split(",")) < set(bench.WORKLOADS)
     plan, skipped = bench.plan_runs(["sizes"], 8192)
     assert skipped == {}
     assert [r[0] for r, warmup in plan if warmup] == ["4 x 1024 tokens"]
     assert [r[0] for r, warmup in plan if not warmup] == [
-        "1 x 512 tokens", "1 x 1024 tokens", "1 x 1536 tokens", "1 x 2048 tokens",
-        "4 x 512 tokens", "4 x 1024 tokens",
+        "1 x 512 tokens", "1 x 768 tokens", "1 x 1024 tokens", "1 x 1536 tokens",
+        "1 x 2048 tokens", "1 x 3072 tokens", "4 x 512 tokens", "4 x 1024 tokens",
     ]  # fmt: skip
-    keys = [run[1:6] for runs in bench.WORKLOADS.values() for run in runs]
-    assert len(keys) == len(set(keys))
+    runs = [run for runs in bench.WORKLOADS.values() for run in runs]
+    assert len({run[0] for run in runs}) == len(runs)
+    assert len({run[1:6] for run in runs}) == len(runs)
 
 
 class _Args:

@@ -15,6 +15,7 @@ import logging
 
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
     HybridLinearAttnBackend,
+    Mamba2AttnBackend,
 )
 from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
 from sglang.srt.layers.attention.linear.inkling_sconv_backend import (
@@ -157,6 +158,13 @@ def route_full_prefill_fallback(original, self):
         list(self.capture_num_tokens),
         eager_kernel,
     )
+    if _routes_long_prefills(self):
+        logger.info(
+            "Full prefill CUDA graph routing: a prefill batch of more than %d new "
+            "tokens per request also runs eager (MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST: "
+            "the full graph was slower than eager for long prompts).",
+            capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST,
+        )
     PREFILL_PATHS.reset()
     return result
 
@@ -345,6 +353,11 @@ def _eager_reason(runner, forward_batch) -> str:
         return f"more than {runner._capture_req_slots} requests"
     if num_tokens > runner.max_num_tokens:
         return f"more than {runner.max_num_tokens} tokens"
+    if _routes_long_prefills(runner) and not capability.mamba2_graph_takes(
+        num_tokens, forward_batch.batch_size
+    ):
+        limit = capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST
+        return f"more than {limit} new tokens per request"
     bucket = runner._pad_to_bucket(num_tokens, runner.capture_num_tokens)
     if (
         bucket > num_tokens * _MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR
@@ -398,3 +411,44 @@ def _smallest_bucket_for(runner, num_tokens) -> int | None:
     ):
         return smallest
     return None
+
+
+# What:    Wraps PrefillCudaGraphRunner.can_replay_locally: under a Mamba2 full
+#          prefill graph, a batch of more new tokens per request than
+#          capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST runs eager (None, as
+#          shipped: no such batch).
+# Why:     Served at Nemotron-H-8B's dimensions on an H200, the full graph was
+#          slower than sglang's eager prefill for one long prompt (110.4 vs
+#          92.3 ms median time to first token at 2k-4k tokens, 187.7 vs 167.0
+#          at 4k-8k; issue 16's "never slower"), and the full graph runs Mamba2
+#          models only where sglang's own prefill is eager.
+# How:     Before upstream: on a full graph whose linear-attention backend is
+#          Mamba2's (capability.mamba2_graph_takes), False for a batch over the
+#          limit, which the runner then runs eager; every other batch is judged
+#          by upstream (and by replay_small_batches_in_smallest_bucket). The DP
+#          vote calls this too, with the same arguments.
+# Upstream: sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py::PrefillCudaGraphRunner.can_replay_locally
+#          (to propose: a replay bound in tokens per request)
+# Removal: once a Mamba2 full graph's long prefills are no slower than eager.
+def route_long_mamba2_prefills_eager(original, self, **kwargs):
+    num_tokens, requests = kwargs.get("num_tokens"), kwargs.get("batch_size")
+    if (
+        num_tokens
+        and requests
+        and _routes_long_prefills(self)
+        and not capability.mamba2_graph_takes(num_tokens, requests)
+    ):
+        return False
+    return original(self, **kwargs)
+
+
+def _routes_long_prefills(runner) -> bool:
+    """A full prefill graph over Mamba2 linear attention, with a limit set."""
+    return (
+        capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST is not None
+        and runner._is_full_backend
+        and any(
+            isinstance(linear, Mamba2AttnBackend)
+            for linear in _linear_attention_backends(runner.model_runner.attn_backend)
+        )
+    )

@@ -15,6 +15,7 @@ from gdn_stub import make_gdn  # noqa: E402
 
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
     HybridLinearAttnBackend,
+    Mamba2AttnBackend,
 )
 from sglang.srt.layers.attention.linear import gdn_backend as upstream_gdn
 from sglang.srt.layers.attention.linear.kernels import gdn_flashinfer
@@ -162,6 +163,58 @@ def test_a_batch_below_the_smallest_bucket_replays_it_on_hybrid_models(fresh_cou
     breakable.prefill_backend_name = Backend.BREAKABLE
     assert not breakable.can_run_graph(_batch([7]))
     assert breakable.can_run_graph(_batch([9]))
+
+
+def _mamba2_runner():
+    return _runner(Mamba2AttnBackend.__new__(Mamba2AttnBackend))
+
+
+def test_long_prefills_per_request_run_eager_under_a_mamba2_full_graph(
+    monkeypatch, fresh_counter
+):
+    """MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST (None as shipped: every batch the
+    buckets hold replays) sends a Mamba2 full graph's batch of more new tokens
+    per request eager, through sglang's own can_run_graph; GDN full graphs and
+    breakable graphs keep sglang's rule."""
+    from sglang_graphfix.srt import full_prefill_graph_capability as capability
+
+    assert capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST is None
+    runner = _mamba2_runner()
+    assert runner.can_run_graph(_batch([500]))
+    monkeypatch.setattr(capability, "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST", 200)
+    verdicts = [
+        runner.can_run_graph(_batch(lens))
+        for lens in ([200], [201], [150, 250], [220, 200], [1], [600])
+    ]
+    assert verdicts == [True, False, True, False, True, False]
+    assert fresh_counter.eager == {
+        "more than 200 new tokens per request": 2,
+        "more than 512 tokens": 1,  # sglang's largest bucket comes first
+    }
+    assert fresh_counter.graph == 4  # the one before the limit was set, and 3
+    assert not runner.can_replay_locally(
+        **_replay_args(batch_size=1, num_tokens=201)
+    )  # the DP vote's entry: the same verdict
+    assert runner.can_replay_locally(**_replay_args(batch_size=2, num_tokens=400))
+
+    assert _runner().can_run_graph(_batch([500]))  # GDN
+    breakable = _mamba2_runner()
+    breakable._is_full_backend = False
+    breakable.prefill_backend_name = Backend.BREAKABLE
+    assert breakable.can_run_graph(_batch([500]))
+
+
+def _replay_args(batch_size, num_tokens):
+    return dict(
+        batch_size=batch_size,
+        num_tokens=num_tokens,
+        input_embeds=None,
+        replace_embeds=None,
+        prefix_lens=[0] * batch_size,
+        is_target_verify=False,
+        capture_hidden_mode=None,
+        return_logprob=False,
+    )
 
 
 def test_breakable_graphs_count_nothing(fresh_counter):
@@ -358,3 +411,20 @@ def test_breakable_runner_is_untouched(flashinfer_on_cpu, monkeypatch):
     setattr(runner.model_runner, EAGER_GDN_PREFILL_DEFAULT, "flashinfer")
     _after_capture(runner, runner.model_runner, monkeypatch)
     assert gdn.kernel_dispatcher is kept
+
+
+def test_the_routing_line_names_the_long_prefill_limit(caplog, monkeypatch):
+    from sglang_graphfix.srt import full_prefill_graph_capability as capability
+
+    caplog.set_level(logging.INFO, logger=ours.__name__)
+    runner = _mamba2_runner()
+    _after_capture(runner, runner.model_runner, monkeypatch)
+    assert "new tokens per request" not in caplog.text  # None, as shipped
+    caplog.clear()
+    monkeypatch.setattr(capability, "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST", 1024)
+    runner = _mamba2_runner()
+    _after_capture(runner, runner.model_runner, monkeypatch)
+    rule = [r.getMessage() for r in caplog.records if "routing" in r.getMessage()]
+    assert len(rule) == 2
+    assert "more than 1024 new tokens per request also runs eager" in rule[1]
+    assert "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST" in rule[1]
