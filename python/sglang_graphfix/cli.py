@@ -701,18 +701,25 @@ def _request_buckets_line(args, model_config, slots: int, buckets) -> str:
     )
 
 
-def _long_prefill_line(model_config) -> str:
+def _long_prefill_line(args, model_config) -> str:
     """The plan's long-prefill routing of a Mamba2 full prefill graph
     (MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST, as the runner's
     route_long_mamba2_prefills_eager applies it), or an empty line."""
+    from sglang.srt.arg_groups.overrides import resolving_view
     from sglang_graphfix.srt import full_prefill_graph_capability as capability
 
     limit = capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST
     if limit is None or capability.mamba_mixer_of_config(model_config) != "mamba2":
         return ""
+    if (resolving_view(args).attn_dp_size or 1) > 1:
+        return (
+            "long prefills       not routed under DP attention: the runner applies "
+            "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST only where sglang does not "
+            "all-gather the MLP input (require_mlp_tp_gather() false at startup)"
+        )
     return (
         f"long prefills       a batch of more than {limit} new tokens per request "
-        "runs eager (MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST)"
+        "on average runs eager (MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST)"
     )
 
 
@@ -842,7 +849,9 @@ def render(
             ]
             lines += [
                 "  " + line
-                for line in _wrapper(20).wrap(_long_prefill_line(model_config_of(args)))
+                for line in _wrapper(20).wrap(
+                    _long_prefill_line(args, model_config_of(args))
+                )
             ]
         lines.append(
             f"  decode CUDA graph   {graph.decode.backend:<9} "

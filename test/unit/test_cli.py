@@ -615,7 +615,10 @@ def test_the_plan_names_the_long_prefill_limit_of_a_mamba2_full_graph(
         return " ".join(out.split("plan (with sglang-graphfix)")[1].split())
 
     nemotron = ("--model-path", str(path), "--cuda-graph-backend-prefill")
-    line = "long prefills a batch of more than 1024 new tokens per request runs eager"
+    line = (
+        "long prefills a batch of more than 1024 new tokens per request on average "
+        "runs eager"
+    )
     assert "long prefills" not in plan(*nemotron, "full")
     monkeypatch.setattr(capability, "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST", 1024)
     assert line in plan(*nemotron, "full")
@@ -625,6 +628,11 @@ def test_the_plan_names_the_long_prefill_limit_of_a_mamba2_full_graph(
         "bfloat16",
     )  # fmt: skip
     assert "prefill CUDA graph full" in lfm2 and "long prefills" not in lfm2
+    dp = plan(
+        *nemotron, "full", "--tp", "2", "--dp", "2", "--enable-dp-attention",
+    )  # fmt: skip
+    assert "long prefills not routed under DP attention" in dp
+    assert "runs eager" not in dp.split("long prefills")[1].split("decode")[0]
 
 
 def test_falcon_h1_sample_runs_breakable_for_a_full_graph(
@@ -660,3 +668,13 @@ def test_falcon_h1_sample_runs_breakable_for_a_full_graph(
         "runs: prefill CUDA graph full, decode CUDA graph full; Mamba2 extend "
         "(MambaMixer2) captured in the full prefill graph"
     )
+
+
+def test_the_inkling_sample_is_explained(capsys, plugin_on):
+    """Inkling's full prefill graph (its model default) on the default GPU: the
+    plan's Mamba2 lines read no Mamba2 config of it (its short conv is its own
+    family), so explain prints the plan instead of failing on sglang's
+    unpublished runtime context."""
+    status, out = explain(capsys, "--sample", "inkling")
+    assert status == 0 and "prefill CUDA graph  full" in out
+    assert "request buckets" not in out and "long prefills" not in out

@@ -175,21 +175,28 @@ def mamba2_request_buckets(num_tokens: int, slots: int) -> tuple[int, ...]:
 
 
 # Where a Mamba2 full prefill graph stops beating eager: a prefill batch of more
-# new tokens per request than this runs eager instead of replaying
+# new tokens per request, on average, than this runs eager instead of replaying
 # (..model_executor.runner.prefill_cuda_graph_runner.
-# route_long_mamba2_prefills_eager). The full graph runs Mamba2 models only where
-# sglang's own prefill is eager (NemotronH with MLP or MoE layers,
-# GraniteMoeHybrid; breakable elsewhere: MAMBA2_FULL_BEATS_BREAKABLE). Served at
-# Nemotron-H-8B's dimensions on an H200 (benchmark/results/gpu/
-# serving_2026-12-03c/nemotron_h_8b_long/, 4 prompts per run), full's median
-# time to first token was above eager's for one request of 2k-4k tokens (110.4
-# vs 92.3 ms; prompts of 2575-3392) and of 4k-8k (187.7 vs 167.0), and below it
-# for one of 256 (20.2 vs 52.1 ms, serving_2026-12-03/). The crossover is not measured yet
+# route_long_mamba2_prefills_eager; not under DP attention, whose ranks must
+# agree on graph or eager). The full graph runs Mamba2 models only where sglang's
+# own prefill is eager (NemotronH with MLP layers, and MoE layers once
+# NEMOTRON_H_MOE_LAYERS_CAPTURED; GraniteMoeHybrid; breakable elsewhere:
+# MAMBA2_FULL_BEATS_BREAKABLE). Served at Nemotron-H-8B's dimensions on an H200
+# (benchmark/results/gpu/serving_2026-12-03c/nemotron_h_8b_long/, 4 prompts per
+# run), full's median time to first token was above eager's for one request of
+# 2k-4k tokens (110.4 vs 92.3 ms; prompts of 2575-3392) and of 4k-8k (187.7 vs
+# 167.0); for one of 256 it was below (serving_2026-12-03/: 20.2 ms with request
+# buckets, nemotron_h_8b_request_buckets/, 30.3 without, against eager's 52.1,
+# nemotron_h_8b/). The crossover is not measured yet
 # (benchmark/serving_prefill_graph.py --workloads sizes), so None: every batch the
 # graph holds replays it, as before. Per request rather than per batch: in the
-# chat run at saturation (serving_2026-12-03/, full's median time to first token
-# 475.6 against eager's 574.9 ms) the graph replayed batches of 16 short prompts,
-# 3554-4877 tokens in all. LFM2's short conv is not covered.
+# chat run at saturation the graph replayed batches of 16 short prompts
+# (3554-4877 tokens in all with request buckets, 3003-5080 without), full's
+# median time to first token 475.6 and 496.3 ms against eager's 574.9. An average:
+# one long prompt among short ones replays with them. Before setting it: the
+# eager Mamba2 kernels are not built at start-up under a full graph (sglang's
+# warm-up request replays it), so the first routed batch on a fresh machine
+# would build them. LFM2's short conv is not covered.
 MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST: int | None = None
 
 
@@ -724,6 +731,10 @@ def _dtype_name(dtype) -> str:
 def mamba_mixer_of_config(model_config) -> str | None:
     """The Mamba layers sglang builds for a Mamba2-family config (the split of
     attention_registry.attn_backend_wrapper and the models' mixers)."""
+    if _is_inkling(model_config):
+        return (
+            "short-conv"  # its own family (mamba2_config reads the published context)
+        )
     config = mamba2_config(model_config)
     if config is None:
         return None

@@ -161,8 +161,9 @@ def route_full_prefill_fallback(original, self):
     if _routes_long_prefills(self):
         logger.info(
             "Full prefill CUDA graph routing: a prefill batch of more than %d new "
-            "tokens per request also runs eager (MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST: "
-            "the full graph was slower than eager for long prompts).",
+            "tokens per request on average also runs eager "
+            "(MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST: the full graph was slower than "
+            "eager for long prompts).",
             capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST,
         )
     PREFILL_PATHS.reset()
@@ -357,7 +358,7 @@ def _eager_reason(runner, forward_batch) -> str:
         num_tokens, forward_batch.batch_size
     ):
         limit = capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST
-        return f"more than {limit} new tokens per request"
+        return f"more than {limit} new tokens per request on average"
     bucket = runner._pad_to_bucket(num_tokens, runner.capture_num_tokens)
     if (
         bucket > num_tokens * _MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR
@@ -414,19 +415,23 @@ def _smallest_bucket_for(runner, num_tokens) -> int | None:
 
 
 # What:    Wraps PrefillCudaGraphRunner.can_replay_locally: under a Mamba2 full
-#          prefill graph, a batch of more new tokens per request than
-#          capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST runs eager (None, as
-#          shipped: no such batch).
+#          prefill graph, a batch of more new tokens per request, on average,
+#          than capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST runs eager (None,
+#          as shipped: no such batch).
 # Why:     Served at Nemotron-H-8B's dimensions on an H200, the full graph was
 #          slower than sglang's eager prefill for one long prompt (110.4 vs
 #          92.3 ms median time to first token at 2k-4k tokens, 187.7 vs 167.0
 #          at 4k-8k; issue 16's "never slower"), and the full graph runs Mamba2
 #          models only where sglang's own prefill is eager.
-# How:     Before upstream: on a full graph whose linear-attention backend is
-#          Mamba2's (capability.mamba2_graph_takes), False for a batch over the
-#          limit, which the runner then runs eager; every other batch is judged
-#          by upstream (and by replay_small_batches_in_smallest_bucket). The DP
-#          vote calls this too, with the same arguments.
+# How:     Before upstream (and before replay_small_batches_in_smallest_bucket
+#          rewrites a tiny batch's tokens): on a full graph whose
+#          linear-attention backend is Mamba2's, False for a batch over the
+#          limit (capability.mamba2_graph_takes), which the runner then runs
+#          eager; every other batch is judged by upstream. Not under DP
+#          attention (require_mlp_tp_gather): the schedule-time vote sees a
+#          rank's own tokens, the forward the tokens padded across ranks, so
+#          ranks could split. The eager Mamba2 kernels are not warmed here:
+#          set the limit only with a warm-up for them.
 # Upstream: sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py::PrefillCudaGraphRunner.can_replay_locally
 #          (to propose: a replay bound in tokens per request)
 # Removal: once a Mamba2 full graph's long prefills are no slower than eager.
@@ -443,10 +448,12 @@ def route_long_mamba2_prefills_eager(original, self, **kwargs):
 
 
 def _routes_long_prefills(runner) -> bool:
-    """A full prefill graph over Mamba2 linear attention, with a limit set."""
+    """A full prefill graph over Mamba2 linear attention, with a limit set, and
+    no DP attention (route_long_mamba2_prefills_eager)."""
     return (
         capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST is not None
         and runner._is_full_backend
+        and not runner.require_mlp_tp_gather
         and any(
             isinstance(linear, Mamba2AttnBackend)
             for linear in _linear_attention_backends(runner.model_runner.attn_backend)

@@ -53,6 +53,7 @@ def _runner(linear=None):
     runner.enable_lora = False
     runner.has_mha_companion_layers = False
     runner._capture_chunked_prefix = False
+    runner.require_mlp_tp_gather = False
     runner.capture_hidden_mode = CaptureHiddenMode.NULL
     runner.enable_cp_bcg_capture = False
     hybrid = HybridLinearAttnBackend.__new__(HybridLinearAttnBackend)
@@ -188,14 +189,26 @@ def test_long_prefills_per_request_run_eager_under_a_mamba2_full_graph(
     ]
     assert verdicts == [True, False, True, False, True, False]
     assert fresh_counter.eager == {
-        "more than 200 new tokens per request": 2,
+        "more than 200 new tokens per request on average": 2,
         "more than 512 tokens": 1,  # sglang's largest bucket comes first
     }
     assert fresh_counter.graph == 4  # the one before the limit was set, and 3
-    assert not runner.can_replay_locally(
-        **_replay_args(batch_size=1, num_tokens=201)
-    )  # the DP vote's entry: the same verdict
+    assert not runner.can_replay_locally(**_replay_args(batch_size=1, num_tokens=201))
     assert runner.can_replay_locally(**_replay_args(batch_size=2, num_tokens=400))
+    # Unknown counts go to upstream's judgement.
+    assert runner.can_replay_locally(**_replay_args(batch_size=0, num_tokens=201))
+    assert runner.can_replay_locally(**_replay_args(batch_size=1, num_tokens=None))
+    # The limit judges the batch's own tokens, before
+    # replay_small_batches_in_smallest_bucket pads a tiny batch to the smallest
+    # bucket (16 tokens here): one token under a limit of 8 replays.
+    monkeypatch.setattr(capability, "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST", 8)
+    assert runner.can_run_graph(_batch([1]))
+    assert not runner.can_run_graph(_batch([9]))
+    # Under DP attention a rank votes on its own tokens and replays on the
+    # tokens padded across ranks: the limit is not applied there.
+    dp = _mamba2_runner()
+    dp.require_mlp_tp_gather = True
+    assert dp.can_replay_locally(**_replay_args(batch_size=1, num_tokens=201))
 
     assert _runner().can_run_graph(_batch([500]))  # GDN
     breakable = _mamba2_runner()
@@ -426,5 +439,5 @@ def test_the_routing_line_names_the_long_prefill_limit(caplog, monkeypatch):
     _after_capture(runner, runner.model_runner, monkeypatch)
     rule = [r.getMessage() for r in caplog.records if "routing" in r.getMessage()]
     assert len(rule) == 2
-    assert "more than 1024 new tokens per request also runs eager" in rule[1]
+    assert "more than 1024 new tokens per request on average also runs" in rule[1]
     assert "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST" in rule[1]
