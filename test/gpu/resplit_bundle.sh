@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Re-split the offline GPU bundle into smaller parts, so that one part plus this
 # working tree stays under the device tool's 64 MiB per call (the tracked tree
-# alone is ~9.6 MB, and the bundle's 60 MB parts then overflow). Build the bundle
+# alone is ~12 MB as of 2026-12-03, and the bundle's 60 MB parts then overflow;
+# so do 56 MB ones: 45 MB parts leave room for its growth). Build the bundle
 # with `KEEP_FA3=1 bash ../shared/gpu/bundle.sh .gpu-bundle
 # sgl-deep-gemm==0.2.3.post2 sgl-flash-mla==1.0.0 datasets==5.2.0` (datasets, an
 # sglang requirement the shared list leaves out, for sglang.benchmark.serving).
 # assemble.sh and device_setup.sh read it unchanged from /tmp/gpu-bundle/NN/part.
 #   bash test/gpu/resplit_bundle.sh .gpu-bundle .gpu-bundle2 [PART_BYTES]
 # NOFA3=1 also drops sglang-kernel's FlashAttention-3 library (1.1 GB unpacked,
-# most of the bundle's sglang_kernel_hopper.zip) from a KEEP_FA3=1 bundle: 21
-# parts of 56 MB instead of 30 of 50, for blocks whose engines run
+# most of the bundle's sglang_kernel_hopper.zip) from a KEEP_FA3=1 bundle: 25
+# parts of 45 MB instead of 34, for blocks whose engines run
 # --attention-backend flashinfer (every Mamba2 case; GDN cases that leave sglang's
 # Hopper default, fa3, need it). The archive and its checksum then change.
 # DEST must be git-ignored (.gitignore has .gpu-bundle*/). Then one run per
@@ -20,7 +21,7 @@ source "$src/00/MANIFEST"
 join() { for i in $(seq 0 $((parts - 1))); do cat "$src/$(printf '%02d' "$i")/part"; done; }
 rm -rf "$dest" && mkdir -p "$dest"
 if [ "${NOFA3:-0}" = 1 ]; then
-  bytes=${3:-56000000}
+  bytes=${3:-45000000}
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
   mkdir -p "$work/w" "$work/sk"
@@ -34,7 +35,7 @@ if [ "${NOFA3:-0}" = 1 ]; then
   sha256=$(sha256sum "$work/b.tar" | cut -d' ' -f1)
   split -b "$bytes" -d -a 2 "$work/b.tar" "$dest/.part."
 else
-  bytes=${3:-50000000}
+  bytes=${3:-45000000}
   join | split -b "$bytes" -d -a 2 - "$dest/.part."
 fi
 n=0
