@@ -732,9 +732,8 @@ def mamba_mixer_of_config(model_config) -> str | None:
     """The Mamba layers sglang builds for a Mamba2-family config (the split of
     attention_registry.attn_backend_wrapper and the models' mixers)."""
     if _is_inkling(model_config):
-        return (
-            "short-conv"  # its own family (mamba2_config reads the published context)
-        )
+        # Its own family; mamba2_config would read the published runtime context.
+        return "short-conv"
     config = mamba2_config(model_config)
     if config is None:
         return None
