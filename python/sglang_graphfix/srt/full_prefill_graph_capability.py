@@ -193,10 +193,11 @@ def mamba2_request_buckets(num_tokens: int, slots: int) -> tuple[int, ...]:
 # chat run at saturation the graph replayed batches of 16 short prompts
 # (3554-4877 tokens in all with request buckets, 3003-5080 without), full's
 # median time to first token 475.6 and 496.3 ms against eager's 574.9. An average:
-# one long prompt among short ones replays with them. Before setting it: the
-# eager Mamba2 kernels are not built at start-up under a full graph (sglang's
-# warm-up request replays it), so the first routed batch on a fresh machine
-# would build them. LFM2's short conv is not covered.
+# one long prompt among short ones replays with them. Set, the runner also runs
+# one eager dummy prefill just over it at start-up (under a full graph sglang's
+# own warm-up request replays the graph, so nothing else builds the eager
+# Mamba2 kernels before the first routed batch); that warm-up has not run on a
+# GPU yet. LFM2's short conv is not covered.
 MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST: int | None = None
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+import torch
+
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
     HybridLinearAttnBackend,
     Mamba2AttnBackend,
@@ -22,6 +24,7 @@ from sglang.srt.layers.attention.linear.inkling_sconv_backend import (
     InklingShortConvAttnBackend,
 )
 from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import (
     _MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR,
 )
@@ -126,8 +129,11 @@ def init_linear_graph_state_for_prefill(runner, linear) -> None:
 #          (use_default_eager_gdn_prefill; the graphs keep the Triton kernels
 #          they captured). Run the eager extend of a non-Triton kernel once on
 #          scratch state (a graph that captured FlashInfer's holds its variant
-#          with snapshots, not the eager one). Then one INFO line: which
-#          batches replay the graph and which run eager.
+#          with snapshots, not the eager one). Where Mamba2 prefills above
+#          MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST run eager
+#          (route_long_mamba2_prefills_eager), one eager dummy prefill just over
+#          it (_warm_eager_mamba2_prefill). Then one INFO line: which batches
+#          replay the graph and which run eager.
 # Upstream: sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py::PrefillCudaGraphRunner.capture
 # Removal: with keep_triton_gdn_prefill_for_full_graph.
 def route_full_prefill_fallback(original, self):
@@ -159,6 +165,7 @@ def route_full_prefill_fallback(original, self):
         eager_kernel,
     )
     if _routes_long_prefills(self):
+        _warm_eager_mamba2_prefill(self)
         logger.info(
             "Full prefill CUDA graph routing: a prefill batch of more than %d new "
             "tokens per request on average also runs eager "
@@ -179,6 +186,37 @@ def _warm_eager_gdn_prefill(linear, default: str) -> None:
             "(%s: %s); the first batch the full prefill graph does not take may "
             "compile it.",
             default,
+            type(exc).__name__,
+            exc,
+        )
+
+
+def _warm_eager_mamba2_prefill(runner) -> None:
+    """One eager prefill of a request just over MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST,
+    through sglang's own dummy forward (BaseRunner._dummy_run, as its FlashInfer
+    EXTEND autotune runs one), so that the first batch routed eager does not build
+    sglang's eager Mamba2 kernels (a fresh prompt's; an extend on a cached state
+    may still build its own). Nothing to warm when no prefill batch can exceed the
+    bound; a failure is logged, not raised."""
+    tokens = capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST + 1
+    if tokens > runner.max_num_tokens:
+        return
+    try:
+        with runner.model_context(), torch.inference_mode():
+            buffers = runner._alloc_dummy_decode_buffers(
+                1, num_tokens_per_req=tokens, allocate_logits_buffer=False
+            )
+            runner._dummy_run(
+                1,
+                buffers=buffers,
+                forward_mode_override=ForwardMode.EXTEND,
+                extend_num_tokens_per_req=tokens,
+            )
+    except Exception as exc:  # a warm-up must not stop the server
+        logger.warning(
+            "Could not warm sglang's eager Mamba2 prefill for the batches the full "
+            "prefill graph sends eager (%s: %s); the first such batch may compile "
+            "its kernels.",
             type(exc).__name__,
             exc,
         )
@@ -430,8 +468,8 @@ def _smallest_bucket_for(runner, num_tokens) -> int | None:
 #          eager; every other batch is judged by upstream. Not under DP
 #          attention (require_mlp_tp_gather): the schedule-time vote sees a
 #          rank's own tokens, the forward the tokens padded across ranks, so
-#          ranks could split. The eager Mamba2 kernels are not warmed here:
-#          set the limit only with a warm-up for them.
+#          ranks could split. route_full_prefill_fallback warms the eager
+#          Mamba2 prefill at start-up.
 # Upstream: sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py::PrefillCudaGraphRunner.can_replay_locally
 #          (to propose: a replay bound in tokens per request)
 # Removal: once a Mamba2 full graph's long prefills are no slower than eager.

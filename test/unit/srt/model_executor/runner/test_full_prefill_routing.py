@@ -426,16 +426,61 @@ def test_breakable_runner_is_untouched(flashinfer_on_cpu, monkeypatch):
     assert gdn.kernel_dispatcher is kept
 
 
+def _recording_dummy_runs(runner, calls, fail=False):
+    """sglang's BaseRunner dummy-forward pair on the runner, recording (the
+    forward itself needs a GPU model)."""
+
+    def alloc(max_bs, *, num_tokens_per_req=1, allocate_logits_buffer=True):
+        calls.append(("alloc", max_bs, num_tokens_per_req, allocate_logits_buffer))
+        if fail:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return "buffers"
+
+    def dummy_run(batch_size, run_ctx=None, forward_mode_override=None, **kwargs):
+        calls.append(("run", batch_size, forward_mode_override, kwargs))
+
+    runner._alloc_dummy_decode_buffers = alloc
+    runner._dummy_run = dummy_run
+
+
 def test_the_routing_line_names_the_long_prefill_limit(caplog, monkeypatch):
+    """With MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST set, the capture ends with one eager
+    dummy prefill just over it (sglang's own _dummy_run, EXTEND) and the routing
+    line names the bound; unset, or at least the largest bucket (no prefill batch
+    can exceed it), nothing runs; a failed warm-up warns and the server starts."""
     from sglang_graphfix.srt import full_prefill_graph_capability as capability
 
     caplog.set_level(logging.INFO, logger=ours.__name__)
+    calls = []
     runner = _mamba2_runner()
+    _recording_dummy_runs(runner, calls)
     _after_capture(runner, runner.model_runner, monkeypatch)
     assert "new tokens per request" not in caplog.text  # None, as shipped
+    assert calls == []
+    monkeypatch.setattr(capability, "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST", 512)
+    runner = _mamba2_runner()  # buckets up to 512 tokens
+    _recording_dummy_runs(runner, calls)
+    _after_capture(runner, runner.model_runner, monkeypatch)
+    assert calls == []
+    caplog.clear()
+    monkeypatch.setattr(capability, "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST", 300)
+    runner = _mamba2_runner()
+    _recording_dummy_runs(runner, calls)
+    _after_capture(runner, runner.model_runner, monkeypatch)
+    assert calls == [
+        ("alloc", 1, 301, False),
+        ("run", 1, ForwardMode.EXTEND, {"buffers": "buffers", "extend_num_tokens_per_req": 301}),
+    ]  # fmt: skip
+    assert "Could not warm" not in caplog.text
+    failing = _mamba2_runner()
+    _recording_dummy_runs(failing, calls, fail=True)
+    _after_capture(failing, failing.model_runner, monkeypatch)
+    assert "Could not warm sglang's eager Mamba2 prefill" in caplog.text
+    assert "OutOfMemoryError" in caplog.text
     caplog.clear()
     monkeypatch.setattr(capability, "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST", 1024)
     runner = _mamba2_runner()
+    _recording_dummy_runs(runner, calls)
     _after_capture(runner, runner.model_runner, monkeypatch)
     rule = [r.getMessage() for r in caplog.records if "routing" in r.getMessage()]
     assert len(rule) == 2
