@@ -28,7 +28,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import (
     _MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR,
 )
-from sglang.srt.runtime_context import get_exec, get_spec
+from sglang.srt.runtime_context import get_exec, get_parallel, get_spec
 from sglang_graphfix.srt import full_prefill_graph_capability as capability
 from sglang_graphfix.srt.full_prefill_graph_capability import (
     require_capturable_full_prefill_graph,
@@ -192,27 +192,34 @@ def _warm_eager_gdn_prefill(linear, default: str) -> None:
 
 
 def _warm_eager_mamba2_prefill(runner) -> None:
-    """One eager prefill of a request just over MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST,
+    """Eager prefills of one request just over MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST,
     through sglang's own dummy forward (BaseRunner._dummy_run, as its FlashInfer
-    EXTEND autotune runs one), so that the first batch routed eager does not build
-    sglang's eager Mamba2 kernels (a fresh prompt's; an extend on a cached state
-    may still build its own). Nothing to warm when no prefill batch can exceed the
-    bound; a failure is logged, not raised."""
-    tokens = capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST + 1
-    if tokens > runner.max_num_tokens:
+    EXTEND autotune runs one), so that the first batch routed eager does not
+    autotune and build sglang's eager Mamba2 kernels: a fresh prompt's (no initial
+    state; an extend on a cached state keeps the capture's autotuning and may
+    still compile), at a token count of each of Triton's integer classes (a
+    multiple of 16 and not). Nothing is routed, so nothing warmed, when the bound
+    is at least the largest bucket. A failure is logged with one tensor-parallel
+    rank (the others would wait for it in _dummy_run's barrier: raised there)."""
+    first = capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST + 1
+    if first > runner.max_num_tokens:
         return
+    second = first + 1 if first % 16 == 0 else -(-first // 16) * 16
     try:
-        with runner.model_context(), torch.inference_mode():
-            buffers = runner._alloc_dummy_decode_buffers(
-                1, num_tokens_per_req=tokens, allocate_logits_buffer=False
-            )
-            runner._dummy_run(
-                1,
-                buffers=buffers,
-                forward_mode_override=ForwardMode.EXTEND,
-                extend_num_tokens_per_req=tokens,
-            )
+        with runner.model_context(), torch.no_grad():
+            for tokens in (first, second):
+                buffers = runner._alloc_dummy_decode_buffers(
+                    1, num_tokens_per_req=tokens, allocate_logits_buffer=False
+                )
+                runner._dummy_run(
+                    1,
+                    buffers=buffers,
+                    forward_mode_override=ForwardMode.EXTEND,
+                    extend_num_tokens_per_req=tokens,
+                )
     except Exception as exc:  # a warm-up must not stop the server
+        if get_parallel().tp_size > 1:
+            raise
         logger.warning(
             "Could not warm sglang's eager Mamba2 prefill for the batches the full "
             "prefill graph sends eager (%s: %s); the first such batch may compile "

@@ -467,16 +467,34 @@ def test_the_routing_line_names_the_long_prefill_limit(caplog, monkeypatch):
     runner = _mamba2_runner()
     _recording_dummy_runs(runner, calls)
     _after_capture(runner, runner.model_runner, monkeypatch)
+    # One just over the bound, and one in Triton's other integer class (a
+    # multiple of 16).
     assert calls == [
         ("alloc", 1, 301, False),
         ("run", 1, ForwardMode.EXTEND, {"buffers": "buffers", "extend_num_tokens_per_req": 301}),
+        ("alloc", 1, 304, False),
+        ("run", 1, ForwardMode.EXTEND, {"buffers": "buffers", "extend_num_tokens_per_req": 304}),
     ]  # fmt: skip
     assert "Could not warm" not in caplog.text
+    calls.clear()
+    monkeypatch.setattr(capability, "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST", 255)
+    runner = _mamba2_runner()
+    _recording_dummy_runs(runner, calls)
+    _after_capture(runner, runner.model_runner, monkeypatch)
+    assert [c[2] for c in calls if c[0] == "alloc"] == [256, 257]
+    # A failure warns with one tensor-parallel rank; with more it is raised (the
+    # other ranks would wait in _dummy_run's barrier).
+    monkeypatch.setattr(ours, "get_parallel", lambda: SimpleNamespace(tp_size=1))
     failing = _mamba2_runner()
     _recording_dummy_runs(failing, calls, fail=True)
     _after_capture(failing, failing.model_runner, monkeypatch)
     assert "Could not warm sglang's eager Mamba2 prefill" in caplog.text
     assert "OutOfMemoryError" in caplog.text
+    monkeypatch.setattr(ours, "get_parallel", lambda: SimpleNamespace(tp_size=2))
+    failing = _mamba2_runner()
+    _recording_dummy_runs(failing, calls, fail=True)
+    with pytest.raises(torch.OutOfMemoryError):
+        _after_capture(failing, failing.model_runner, monkeypatch)
     caplog.clear()
     monkeypatch.setattr(capability, "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST", 1024)
     runner = _mamba2_runner()
