@@ -38,6 +38,7 @@ prompts, not reported), so kernels built on first use are not timed.
         [--modes disabled,breakable,full] [--workloads chat,burst,long,sizes] [--quick]
     python3 benchmark/serving_prefill_graph.py --plot   # PNG from the committed JSON
     python3 benchmark/serving_prefill_graph.py --recover DIR  # a run cut short
+    python3 benchmark/serving_prefill_graph.py --crossover FILE  # sizes: the bound
 
 Falcon-H1's full mode serves what a user asking for full gets: the breakable graph
 (sglang-graphfix's route_mamba2_full_prefill_to_breakable). To serve the captured
@@ -692,6 +693,38 @@ def plot() -> None:
     fig.savefig(ROOT / "benchmark" / "results" / "serving_prefill_graph.png", dpi=100)
 
 
+SIZES_LABEL = re.compile(r"^(\d+) x (\d+) tokens$")
+
+
+def crossover(report: dict, graph: str = "full", base: str = "breakable") -> dict:
+    """From a report's "sizes" runs of both modes: per run, the prompt tokens per
+    request and both median times to first token, in order of tokens per
+    request; and ``bound``, the most tokens per request up to which ``graph``
+    was never slower than ``base`` (runs of more tokens per request than the
+    first run it lost; None where it lost no run). What
+    MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST is set from (full_prefill_graph_capability)."""
+    runs = []
+    for label, _, _, _, _, _, _ in WORKLOADS["sizes"]:
+        requests, tokens = map(int, SIZES_LABEL.match(label).groups())
+        try:
+            ttft = {
+                m: report["modes"][m]["runs"][label]["median_ttft_ms"]
+                for m in (graph, base)
+            }
+        except KeyError:
+            continue
+        runs.append({"label": label, "tokens_per_request": tokens, **ttft})
+    runs.sort(key=lambda r: r["tokens_per_request"])
+    lost = [r["tokens_per_request"] for r in runs if r[graph] > r[base]]
+    won = [
+        r["tokens_per_request"]
+        for r in runs
+        if lost and r["tokens_per_request"] < min(lost)
+    ]
+    bound = (max(won) if won else 0) if lost else None
+    return {"graph": graph, "base": base, "runs": runs, "bound": bound}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -720,10 +753,19 @@ def main() -> None:
         help="rebuild DIR's report from the JSONL rows and server logs under "
         "DIR/logs (a run cut short), then exit",
     )
+    parser.add_argument(
+        "--crossover",
+        metavar="FILE",
+        help="print, from FILE's sizes runs of full and breakable, the most prompt "
+        "tokens per request up to which full was never slower (JSON), then exit",
+    )
     parser.add_argument("server_args", nargs="*", help="extra sglang flags, after --")
     args = parser.parse_args()
     if args.plot:
         plot()
+        return
+    if args.crossover:
+        print(json.dumps(crossover(json.loads(Path(args.crossover).read_text()))))
         return
     if args.recover:
         folder = Path(args.recover)

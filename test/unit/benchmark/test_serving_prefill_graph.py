@@ -164,6 +164,59 @@ def test_the_size_sweep_fits_and_is_told_apart_from_the_other_runs():
     assert len({run[1:6] for run in runs}) == len(runs)
 
 
+def test_crossover_is_the_last_prompt_length_before_full_first_lost(tmp_path, capsys):
+    """--crossover reads the sizes runs of full and breakable and names the most
+    tokens per request up to which full never lost (the runs from the first
+    loss on, four-request runs included, stay above it); None when full lost
+    none; runs a mode lacks are left out."""
+    bench = load_benchmark("serving_prefill_graph")
+
+    def report(full):
+        return {
+            "modes": {
+                mode: {
+                    "runs": {
+                        f"{n} x {t} tokens": {"median_ttft_ms": ms}
+                        for (n, t), ms in times.items()
+                    }
+                }
+                for mode, times in (("full", full), ("breakable", BREAKABLE))
+            }
+        }
+
+    BREAKABLE = {(1, 512): 60.0, (1, 768): 70.0, (1, 1024): 80.0, (1, 1536): 90.0,
+                 (1, 2048): 100.0, (1, 3072): 120.0, (4, 512): 150.0, (4, 1024): 300.0}  # fmt: skip
+    wins = {k: v / 2 for k, v in BREAKABLE.items()}
+    assert bench.crossover(report(wins))["bound"] is None
+    # Lost at 1 x 1536, won at 2048 again, lost at 3072: the bound stops at the
+    # first loss, 1024 (4 x 1024 won as well).
+    later = {**wins, (1, 1536): 91.0, (1, 2048): 99.0, (1, 3072): 130.0}
+    result = bench.crossover(report(later))
+    assert result["bound"] == 1024
+    assert [r["tokens_per_request"] for r in result["runs"]] == [
+        512, 512, 768, 1024, 1024, 1536, 2048, 3072
+    ]  # fmt: skip
+    # Four requests of 1024 lost: 1024 is out, whatever one request did.
+    assert bench.crossover(report({**later, (4, 1024): 301.0}))["bound"] == 768
+    assert bench.crossover(report({**wins, (1, 512): 61.0}))["bound"] == 0
+    # Without breakable's 1 x 1536 run the first loss is at 3072.
+    partial = report(later)
+    del partial["modes"]["breakable"]["runs"]["1 x 1536 tokens"]
+    result = bench.crossover(partial)
+    assert (result["bound"], len(result["runs"])) == (2048, 7)
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(report(later)))
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(
+        "sys.argv", ["serving_prefill_graph.py", "--crossover", str(path)]
+    )
+    try:
+        bench.main()
+    finally:
+        monkeypatch.undo()
+    assert json.loads(capsys.readouterr().out)["bound"] == 1024
+
+
 class _Args:
     def __init__(self, model):
         self.model, self.context_length, self.mem_fraction_static = model, 4096, 0.8
