@@ -701,15 +701,20 @@ def _request_buckets_line(args, model_config, slots: int, buckets) -> str:
     )
 
 
-def _long_prefill_line(args, model_config) -> str:
+def _long_prefill_line(args, model_config, buckets) -> str:
     """The plan's long-prefill routing of a Mamba2 full prefill graph
     (MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST, as the runner's
-    route_long_mamba2_prefills_eager applies it), or an empty line."""
+    route_long_mamba2_prefills_eager applies it), or an empty line (also where
+    no batch the token ``buckets`` hold can exceed it, as the runner logs)."""
     from sglang.srt.arg_groups.overrides import resolving_view
     from sglang_graphfix.srt import full_prefill_graph_capability as capability
 
     limit = capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST
-    if limit is None or capability.mamba_mixer_of_config(model_config) != "mamba2":
+    if (
+        limit is None
+        or limit >= max(buckets, default=0)
+        or capability.mamba_mixer_of_config(model_config) != "mamba2"
+    ):
         return ""
     if (resolving_view(args).attn_dp_size or 1) > 1:
         return (
@@ -850,7 +855,9 @@ def render(
             lines += [
                 "  " + line
                 for line in _wrapper(20).wrap(
-                    _long_prefill_line(args, model_config_of(args))
+                    _long_prefill_line(
+                        args, model_config_of(args), graph.prefill.bs or []
+                    )
                 )
             ]
         lines.append(

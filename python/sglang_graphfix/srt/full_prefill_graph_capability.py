@@ -181,24 +181,31 @@ def mamba2_request_buckets(num_tokens: int, slots: int) -> tuple[int, ...]:
 # agree on graph or eager). The full graph runs Mamba2 models only where sglang's
 # own prefill is eager (NemotronH with MLP layers, and MoE layers once
 # NEMOTRON_H_MOE_LAYERS_CAPTURED; GraniteMoeHybrid; breakable elsewhere:
-# MAMBA2_FULL_BEATS_BREAKABLE). Served at Nemotron-H-8B's dimensions on an H200
-# (benchmark/results/gpu/serving_2026-12-03c/nemotron_h_8b_long/, 4 prompts per
-# run), full's median time to first token was above eager's for one request of
-# 2k-4k tokens (110.4 vs 92.3 ms; prompts of 2575-3392) and of 4k-8k (187.7 vs
-# 167.0); for one of 256 it was below (serving_2026-12-03/: 20.2 ms with request
-# buckets, nemotron_h_8b_request_buckets/, 30.3 without, against eager's 52.1,
-# nemotron_h_8b/). The crossover is not measured yet
-# (benchmark/serving_prefill_graph.py --workloads sizes), so None: every batch the
-# graph holds replays it, as before. Per request rather than per batch: in the
-# chat run at saturation the graph replayed batches of 16 short prompts
-# (3554-4877 tokens in all with request buckets, 3003-5080 without), full's
-# median time to first token 475.6 and 496.3 ms against eager's 574.9. An average:
-# one long prompt among short ones replays with them. Set, the runner also runs
-# one eager dummy prefill just over it at start-up (under a full graph sglang's
-# own warm-up request replays the graph, so nothing else builds the eager
-# Mamba2 kernels before the first routed batch); that warm-up has not run on a
-# GPU yet. LFM2's short conv is not covered.
-MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST: int | None = None
+# MAMBA2_FULL_BEATS_BREAKABLE), so a batch routed eager runs what sglang's
+# default runs for it. Served at Nemotron-H-8B's dimensions on an H200, full's
+# time to first token was below eager's for every prompt of up to 512 tokens
+# and above it for every one of 2k-8k tokens:
+# * below: one prompt of 16-512 tokens at a time (chat rate 2: p99 28.6 ms with
+#   request buckets, against eager's median 80.4 ms; 1 x 256 tokens 20.2 vs
+#   52.1 ms; benchmark/results/gpu/serving_2026-12-03/); at saturation, batches
+#   of 16 such prompts (median 475.6 vs 574.9 ms);
+# * above: one prompt of 2575-3392 tokens (110.4 vs 92.3 ms) and of 4k-8k
+#   (187.7 vs 167.0; serving_2026-12-03c/nemotron_h_8b_long/, 4 prompts per
+#   run). Those replayed the graph over all 16 request slots: request buckets
+#   stop at REQUEST_BUCKET_MAX_TOKENS (512 tokens).
+# So the bound is the longest prompt measured faster, 512: the crossover lies
+# between 512 and 2575 tokens and is not measured yet (`python3
+# benchmark/serving_prefill_graph.py --model nemotron-h-8b --modes
+# full,breakable --workloads sizes`, then `--crossover` on its JSON, names it).
+# Per request rather than per batch: a batch of many short prompts replays. An
+# average: one long prompt among short ones replays with them. The runner
+# also runs two eager dummy prefills just over it at start-up (under a full
+# graph sglang's own warm-up request replays the graph, so nothing else builds
+# the eager Mamba2 kernels before the first routed batch); that warm-up has not
+# run on a GPU yet, and a failure there is logged (raised with more than one
+# tensor-parallel rank). None: every batch the graph holds replays it. LFM2's
+# short conv is not covered.
+MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST: int | None = 512
 
 
 def mamba2_graph_takes(num_tokens: int, requests: int) -> bool:

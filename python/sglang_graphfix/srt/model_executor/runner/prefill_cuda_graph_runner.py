@@ -164,7 +164,11 @@ def route_full_prefill_fallback(original, self):
         list(self.capture_num_tokens),
         eager_kernel,
     )
-    if _routes_long_prefills(self):
+    # Nothing to route (and warm) where no batch the buckets hold can exceed it.
+    if (
+        _routes_long_prefills(self)
+        and capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST < self.max_num_tokens
+    ):
         _warm_eager_mamba2_prefill(self)
         logger.info(
             "Full prefill CUDA graph routing: a prefill batch of more than %d new "
@@ -198,12 +202,9 @@ def _warm_eager_mamba2_prefill(runner) -> None:
     autotune and build sglang's eager Mamba2 kernels: a fresh prompt's (no initial
     state; an extend on a cached state keeps the capture's autotuning and may
     still compile), at a token count of each of Triton's integer classes (a
-    multiple of 16 and not). Nothing is routed, so nothing warmed, when the bound
-    is at least the largest bucket. A failure is logged with one tensor-parallel
+    multiple of 16 and not). A failure is logged with one tensor-parallel
     rank (the others would wait for it in _dummy_run's barrier: raised there)."""
     first = capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST + 1
-    if first > runner.max_num_tokens:
-        return
     second = first + 1 if first % 16 == 0 else -(-first // 16) * 16
     try:
         with runner.model_context(), torch.no_grad():
@@ -461,8 +462,8 @@ def _smallest_bucket_for(runner, num_tokens) -> int | None:
 
 # What:    Wraps PrefillCudaGraphRunner.can_replay_locally: under a Mamba2 full
 #          prefill graph, a batch of more new tokens per request, on average,
-#          than capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST runs eager (None,
-#          as shipped: no such batch).
+#          than capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST (512 as shipped)
+#          runs eager.
 # Why:     Served at Nemotron-H-8B's dimensions on an H200, the full graph was
 #          slower than sglang's eager prefill for one long prompt (110.4 vs
 #          92.3 ms median time to first token at 2k-4k tokens, 187.7 vs 167.0
@@ -497,10 +498,10 @@ def _routes_long_prefills(runner) -> bool:
     no DP attention (route_long_mamba2_prefills_eager)."""
     return (
         capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST is not None
-        and runner._is_full_backend
-        and not runner.require_mlp_tp_gather
         and any(
             isinstance(linear, Mamba2AttnBackend)
             for linear in _linear_attention_backends(runner.model_runner.attn_backend)
         )
+        and runner._is_full_backend
+        and not runner.require_mlp_tp_gather
     )

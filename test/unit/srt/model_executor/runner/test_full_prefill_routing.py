@@ -173,13 +173,14 @@ def _mamba2_runner():
 def test_long_prefills_per_request_run_eager_under_a_mamba2_full_graph(
     monkeypatch, fresh_counter
 ):
-    """MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST (None as shipped: every batch the
-    buckets hold replays) sends a Mamba2 full graph's batch of more new tokens
-    per request eager, through sglang's own can_run_graph; GDN full graphs and
-    breakable graphs keep sglang's rule."""
+    """MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST (512 as shipped; None: every batch
+    the buckets hold replays) sends a Mamba2 full graph's batch of more new
+    tokens per request eager, through sglang's own can_run_graph; GDN full
+    graphs and breakable graphs keep sglang's rule."""
     from sglang_graphfix.srt import full_prefill_graph_capability as capability
 
-    assert capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST is None
+    assert capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST == 512
+    monkeypatch.setattr(capability, "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST", None)
     runner = _mamba2_runner()
     assert runner.can_run_graph(_batch([500]))
     monkeypatch.setattr(capability, "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST", 200)
@@ -444,25 +445,23 @@ def _recording_dummy_runs(runner, calls, fail=False):
 
 
 def test_the_routing_line_names_the_long_prefill_limit(caplog, monkeypatch):
-    """With MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST set, the capture ends with one eager
-    dummy prefill just over it (sglang's own _dummy_run, EXTEND) and the routing
-    line names the bound; unset, or at least the largest bucket (no prefill batch
-    can exceed it), nothing runs; a failed warm-up warns and the server starts."""
+    """With MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST below the largest bucket, the
+    capture ends with eager dummy prefills just over it (sglang's own _dummy_run,
+    EXTEND) and the routing line names the bound; unset, or at least the largest
+    bucket (no prefill batch can exceed it: 512 as shipped, against these
+    buckets of up to 512 tokens), neither; a failed warm-up warns (one
+    tensor-parallel rank) and the server starts, or is raised (more)."""
     from sglang_graphfix.srt import full_prefill_graph_capability as capability
 
     caplog.set_level(logging.INFO, logger=ours.__name__)
     calls = []
-    runner = _mamba2_runner()
-    _recording_dummy_runs(runner, calls)
-    _after_capture(runner, runner.model_runner, monkeypatch)
-    assert "new tokens per request" not in caplog.text  # None, as shipped
-    assert calls == []
-    monkeypatch.setattr(capability, "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST", 512)
-    runner = _mamba2_runner()  # buckets up to 512 tokens
-    _recording_dummy_runs(runner, calls)
-    _after_capture(runner, runner.model_runner, monkeypatch)
-    assert calls == []
-    caplog.clear()
+    for bound in (None, 512):
+        monkeypatch.setattr(capability, "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST", bound)
+        runner = _mamba2_runner()  # buckets up to 512 tokens
+        _recording_dummy_runs(runner, calls)
+        _after_capture(runner, runner.model_runner, monkeypatch)
+        assert "new tokens per request" not in caplog.text
+        assert calls == []
     monkeypatch.setattr(capability, "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST", 300)
     runner = _mamba2_runner()
     _recording_dummy_runs(runner, calls)
@@ -496,11 +495,11 @@ def test_the_routing_line_names_the_long_prefill_limit(caplog, monkeypatch):
     with pytest.raises(torch.OutOfMemoryError):
         _after_capture(failing, failing.model_runner, monkeypatch)
     caplog.clear()
-    monkeypatch.setattr(capability, "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST", 1024)
+    monkeypatch.setattr(capability, "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST", 400)
     runner = _mamba2_runner()
     _recording_dummy_runs(runner, calls)
     _after_capture(runner, runner.model_runner, monkeypatch)
     rule = [r.getMessage() for r in caplog.records if "routing" in r.getMessage()]
     assert len(rule) == 2
-    assert "more than 1024 new tokens per request on average also runs" in rule[1]
+    assert "more than 400 new tokens per request on average also runs" in rule[1]
     assert "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST" in rule[1]
