@@ -33,9 +33,9 @@ Layout of one bucket:
   whose every load and store the chunk-scan kernel masks out. A logical chunk
   starts at every chunk boundary and at every sequence start off the grid, and
   only R sequence starts are not at token 0: hence the bound.
-* ``conv_block_table`` [cdiv(T, CAUSAL_CONV1D_FWD_BLOCK_M) + R, 2]: the
-  (sequence, block) rows ``causal_conv1d_fn(block_table=...)`` launches over,
-  ``(PAD_SLOT_ID, 0)`` past the work (same bound argument).
+* No conv table: upstream's MambaMixer2 calls the conv with
+  ``seq_lens_cpu=extend_seq_lens_cpu`` and no block table, so the metadata's
+  ``extend_seq_lens_cpu`` is the launch bound (``Mamba2FullGraphMetadata``).
 
 ``Mamba2PrefillTrackTables`` holds the prefix-cache snapshot plan the same way:
 K rows with a mode instead of the eager path's masked index lists
@@ -58,10 +58,6 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from sglang.kernels.ops.mamba.causal_conv1d_triton import (
-    CAUSAL_CONV1D_FWD_BLOCK_M,
-    PAD_SLOT_ID,
-)
 from sglang.kernels.ops.mamba.kda_prefill_track import (
     TRACK_CHUNK_STATE,
     TRACK_FINAL_STATE,
@@ -94,11 +90,6 @@ def max_logical_chunks(num_tokens: int, max_requests: int, chunk_size: int) -> i
     return triton.cdiv(num_tokens, chunk_size) + max_requests
 
 
-def max_conv_blocks(num_tokens: int, max_requests: int) -> int:
-    """(sequence, block) rows of the conv kernel for the same batches."""
-    return triton.cdiv(num_tokens, CAUSAL_CONV1D_FWD_BLOCK_M) + max_requests
-
-
 def track_rows(num_tokens: int, max_requests: int, cache_chunk_size: int) -> int:
     """Snapshot rows of a bucket: the most requests of a ``num_tokens`` batch
     that sglang tracks, each extending at least ``cache_chunk_size`` tokens."""
@@ -118,7 +109,6 @@ class Mamba2PrefillGraphTables:
     cache_indices: torch.Tensor  # [R + 1]
     chunk_indices: torch.Tensor  # [max_logical_chunks] int32
     chunk_offsets: torch.Tensor  # [max_logical_chunks] int32
-    conv_block_table: torch.Tensor  # [max_conv_blocks, 2] int32
     num_logical_tokens: torch.Tensor  # [1] int32, the batch's tokens
 
     @classmethod
@@ -152,7 +142,6 @@ class Mamba2PrefillGraphTables:
             chunk_offsets=table(
                 max_logical_chunks(num_tokens, max_requests, chunk_size)
             ),
-            conv_block_table=table(max_conv_blocks(num_tokens, max_requests), 2),
             num_logical_tokens=table(1),
         )
 
@@ -206,19 +195,6 @@ class Mamba2PrefillGraphTables:
             torch.where(live, entry - p[seq], triton.cdiv(T, C) - 1)
         )
         self.chunk_offsets.copy_(torch.where(live, offset, C))
-
-        # Conv blocks: sequence-major (sequence, block) rows.
-        n_blocks = (seq_ends - starts + CAUSAL_CONV1D_FWD_BLOCK_M - 1) // (
-            CAUSAL_CONV1D_FWD_BLOCK_M
-        )
-        block_ends = torch.cumsum(n_blocks, 0)
-        row = torch.arange(self.conv_block_table.shape[0], **i64)
-        seq = torch.searchsorted(block_ends, row, right=True)
-        live = seq <= R
-        seq = seq.clamp(max=R)
-        block = row - (block_ends[seq] - n_blocks[seq])
-        self.conv_block_table[:, 0].copy_(torch.where(live, seq, PAD_SLOT_ID))
-        self.conv_block_table[:, 1].copy_(torch.where(live, block, 0))
 
 
 @dataclass(frozen=True)

@@ -153,9 +153,10 @@ def run_case(seed, mutate=""):
     graph_conv = causal_conv1d_fn(
         w["conv_x"].transpose(0, 1), w["conv_w"], w["conv_b"],
         conv_states=graph_conv_pool, query_start_loc=t.query_start_loc,
-        seq_lens_cpu=None, cache_indices=t.cache_indices,
+        # As MambaMixer2 launches it on the bucket's metadata: R + 1 sequences of
+        # up to T tokens, lengths read on the device.
+        seq_lens_cpu=[case.bucket] * (case.slots + 1), cache_indices=t.cache_indices,
         has_initial_state=t.has_initial_states, activation="silu",
-        block_table=t.conv_block_table,
     )  # fmt: skip
     initial = torch.where(
         t.has_initial_states[:, None, None, None],
