@@ -699,10 +699,12 @@ SIZES_LABEL = re.compile(r"^(\d+) x (\d+) tokens$")
 def crossover(report: dict, graph: str = "full", base: str = "breakable") -> dict:
     """From a report's "sizes" runs of both modes: per run, the prompt tokens per
     request and both median times to first token, in order of tokens per
-    request; and ``bound``, the most tokens per request up to which ``graph``
-    was never slower than ``base`` (runs of more tokens per request than the
-    first run it lost; None where it lost no run). What
-    MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST is set from (full_prefill_graph_capability)."""
+    request; ``first_loss``, the fewest tokens per request of a run ``graph``
+    lost; and ``bound``, the most tokens per request of a run below that one
+    (what MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST is set from,
+    full_prefill_graph_capability). ``bound`` 0: ``graph`` lost the shortest run
+    (512 tokens), so nothing measured here supports a bound; None: it lost no
+    sizes run (the long runs, of ranges of lengths, are not read)."""
     runs = []
     for label, _, _, _, _, _, _ in WORKLOADS["sizes"]:
         requests, tokens = map(int, SIZES_LABEL.match(label).groups())
@@ -716,13 +718,20 @@ def crossover(report: dict, graph: str = "full", base: str = "breakable") -> dic
         runs.append({"label": label, "tokens_per_request": tokens, **ttft})
     runs.sort(key=lambda r: r["tokens_per_request"])
     lost = [r["tokens_per_request"] for r in runs if r[graph] > r[base]]
+    first_loss = min(lost, default=None)
     won = [
         r["tokens_per_request"]
         for r in runs
-        if lost and r["tokens_per_request"] < min(lost)
+        if first_loss is not None and r["tokens_per_request"] < first_loss
     ]
-    bound = (max(won) if won else 0) if lost else None
-    return {"graph": graph, "base": base, "runs": runs, "bound": bound}
+    bound = None if first_loss is None else max(won, default=0)
+    return {
+        "graph": graph,
+        "base": base,
+        "runs": runs,
+        "first_loss": first_loss,
+        "bound": bound,
+    }
 
 
 def main() -> None:

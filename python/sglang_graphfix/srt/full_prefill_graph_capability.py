@@ -182,29 +182,34 @@ def mamba2_request_buckets(num_tokens: int, slots: int) -> tuple[int, ...]:
 # own prefill is eager (NemotronH with MLP layers, and MoE layers once
 # NEMOTRON_H_MOE_LAYERS_CAPTURED; GraniteMoeHybrid; breakable elsewhere:
 # MAMBA2_FULL_BEATS_BREAKABLE), so a batch routed eager runs what sglang's
-# default runs for it. Served at Nemotron-H-8B's dimensions on an H200, full's
-# time to first token was below eager's for every prompt of up to 512 tokens
-# and above it for every one of 2k-8k tokens:
-# * below: one prompt of 16-512 tokens at a time (chat rate 2: p99 28.6 ms with
-#   request buckets, against eager's median 80.4 ms; 1 x 256 tokens 20.2 vs
-#   52.1 ms; benchmark/results/gpu/serving_2026-12-03/); at saturation, batches
-#   of 16 such prompts (median 475.6 vs 574.9 ms);
+# default runs for it. Served at Nemotron-H-8B's dimensions on an H200:
+# * up to 512 tokens a prompt, with request buckets
+#   (benchmark/results/gpu/serving_2026-12-03/): full's median time to first
+#   token was below eager's at every workload (1 x 16, 1 x 256, 4 x 256, 8 x 64
+#   tokens; chat, prompts of 16-512 tokens drawn uniformly, at rates 2, 8, 32 and
+#   saturation). At chat rate 2 (15 prompts at 2 a second; the longest drawn
+#   is not recorded) full's p99 was 28.6 ms against eager's 170.4 (median 80.4,
+#   and 52.1 for one 256-token prompt). Its p99 was above eager's at saturation
+#   only (853.6 vs 786.3 ms; medians 475.6 vs 574.9), where batches of up to 16
+#   such prompts replay: a miss this bound does not address.
 # * above: one prompt of 2575-3392 tokens (110.4 vs 92.3 ms) and of 4k-8k
-#   (187.7 vs 167.0; serving_2026-12-03c/nemotron_h_8b_long/, 4 prompts per
-#   run). Those replayed the graph over all 16 request slots: request buckets
-#   stop at REQUEST_BUCKET_MAX_TOKENS (512 tokens).
-# So the bound is the longest prompt measured faster, 512: the crossover lies
-# between 512 and 2575 tokens and is not measured yet (`python3
-# benchmark/serving_prefill_graph.py --model nemotron-h-8b --modes
-# full,breakable --workloads sizes`, then `--crossover` on its JSON, names it).
-# Per request rather than per batch: a batch of many short prompts replays. An
-# average: one long prompt among short ones replays with them. The runner
-# also runs two eager dummy prefills just over it at start-up (under a full
-# graph sglang's own warm-up request replays the graph, so nothing else builds
-# the eager Mamba2 kernels before the first routed batch); that warm-up has not
-# run on a GPU yet, and a failure there is logged (raised with more than one
-# tensor-parallel rank). None: every batch the graph holds replays it. LFM2's
-# short conv is not covered.
+#   (187.7 vs 167.0; serving_2026-12-03c/nemotron_h_8b_long/, medians of 4
+#   prompts). Those replayed the graph over all 16 request slots: request
+#   buckets stop at REQUEST_BUCKET_MAX_TOKENS (512 tokens).
+# So the bound is 512, the top of the prompt range measured faster, and where request
+# buckets stop (a larger REQUEST_BUCKET_MAX_TOKENS may move the crossover up,
+# leaving this bound conservative). The crossover between 512 and 2575 tokens
+# is not measured (`python3 benchmark/serving_prefill_graph.py --model
+# nemotron-h-8b --modes full,breakable --workloads sizes` with the bound lifted,
+# then `--crossover` on its JSON). It applies to every Mamba2 full graph
+# (GraniteMoeHybrid's too, not measured at real size). Per request rather than
+# per batch: a batch of many short prompts replays. An average: one long prompt
+# among short ones replays with them. The runner also runs two eager dummy
+# prefills just over it at start-up (under a full graph sglang's own warm-up
+# request replays the graph, so nothing else builds the eager Mamba2 kernels
+# before the first routed batch; not under tensor parallelism); that warm-up
+# has not run on a GPU yet, and a failure there is logged. None: every batch
+# the graph holds replays it. LFM2's short conv is not covered.
 MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST: int | None = 512
 
 

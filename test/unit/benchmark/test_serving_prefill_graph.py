@@ -164,11 +164,13 @@ def test_the_size_sweep_fits_and_is_told_apart_from_the_other_runs():
     assert len({run[1:6] for run in runs}) == len(runs)
 
 
-def test_crossover_is_the_last_prompt_length_before_full_first_lost(tmp_path, capsys):
+def test_crossover_is_the_last_prompt_length_before_full_first_lost(
+    tmp_path, capsys, monkeypatch
+):
     """--crossover reads the sizes runs of full and breakable and names the most
     tokens per request up to which full never lost (the runs from the first
-    loss on, four-request runs included, stay above it); None when full lost
-    none; runs a mode lacks are left out."""
+    loss on, four-request runs included, stay above it), and that first loss;
+    None when full lost none; runs a mode lacks are left out."""
     bench = load_benchmark("serving_prefill_graph")
 
     def report(full):
@@ -188,6 +190,7 @@ def test_crossover_is_the_last_prompt_length_before_full_first_lost(tmp_path, ca
                  (1, 2048): 100.0, (1, 3072): 120.0, (4, 512): 150.0, (4, 1024): 300.0}  # fmt: skip
     wins = {k: v / 2 for k, v in BREAKABLE.items()}
     assert bench.crossover(report(wins))["bound"] is None
+    assert bench.crossover(report(wins))["first_loss"] is None
     # Lost at 1 x 1536, won at 2048 again, lost at 3072: the bound stops at the
     # first loss, 1024 (4 x 1024 won as well).
     later = {**wins, (1, 1536): 91.0, (1, 2048): 99.0, (1, 3072): 130.0}
@@ -206,15 +209,12 @@ def test_crossover_is_the_last_prompt_length_before_full_first_lost(tmp_path, ca
     assert (result["bound"], len(result["runs"])) == (2048, 7)
     path = tmp_path / "r.json"
     path.write_text(json.dumps(report(later)))
-    monkeypatch = pytest.MonkeyPatch()
     monkeypatch.setattr(
         "sys.argv", ["serving_prefill_graph.py", "--crossover", str(path)]
     )
-    try:
-        bench.main()
-    finally:
-        monkeypatch.undo()
-    assert json.loads(capsys.readouterr().out)["bound"] == 1024
+    bench.main()
+    printed = json.loads(capsys.readouterr().out)
+    assert (printed["first_loss"], printed["bound"]) == (1536, 1024)
 
 
 class _Args:

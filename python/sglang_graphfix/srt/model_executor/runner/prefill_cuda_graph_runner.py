@@ -131,9 +131,9 @@ def init_linear_graph_state_for_prefill(runner, linear) -> None:
 #          scratch state (a graph that captured FlashInfer's holds its variant
 #          with snapshots, not the eager one). Where Mamba2 prefills above
 #          MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST run eager
-#          (route_long_mamba2_prefills_eager), one eager dummy prefill just over
-#          it (_warm_eager_mamba2_prefill). Then one INFO line: which batches
-#          replay the graph and which run eager.
+#          (route_long_mamba2_prefills_eager) and a bucket can exceed it, two
+#          eager dummy prefills just over it (_warm_eager_mamba2_prefill). Then
+#          one INFO line: which batches replay the graph and which run eager.
 # Upstream: sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py::PrefillCudaGraphRunner.capture
 # Removal: with keep_triton_gdn_prefill_for_full_graph.
 def route_full_prefill_fallback(original, self):
@@ -199,11 +199,20 @@ def _warm_eager_mamba2_prefill(runner) -> None:
     """Eager prefills of one request just over MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST,
     through sglang's own dummy forward (BaseRunner._dummy_run, as its FlashInfer
     EXTEND autotune runs one), so that the first batch routed eager does not
-    autotune and build sglang's eager Mamba2 kernels: a fresh prompt's (no initial
-    state; an extend on a cached state keeps the capture's autotuning and may
-    still compile), at a token count of each of Triton's integer classes (a
-    multiple of 16 and not). A failure is logged with one tensor-parallel
-    rank (the others would wait for it in _dummy_run's barrier: raised there)."""
+    autotune and build most of sglang's eager Mamba2 kernels: a fresh prompt's
+    with no prefix-cache snapshot (sglang's dummy buffers carry no track mask; an
+    extend on a cached state, or one that snapshots, may still compile), at a
+    token count of each of Triton's integer classes (a multiple of 16 and not).
+    Its buffers are freed and the allocator's cache emptied after it, as
+    sglang's own autotune does. With one tensor-parallel rank only: a rank
+    whose warm-up failed would leave the others waiting in the forward's
+    collectives. A failure is logged, not raised."""
+    if get_parallel().tp_size > 1:
+        logger.info(
+            "Not warming sglang's eager Mamba2 prefill under tensor parallelism: the "
+            "first prefill batch the full graph sends eager may compile its kernels."
+        )
+        return
     first = capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST + 1
     second = first + 1 if first % 16 == 0 else -(-first // 16) * 16
     try:
@@ -218,9 +227,8 @@ def _warm_eager_mamba2_prefill(runner) -> None:
                     forward_mode_override=ForwardMode.EXTEND,
                     extend_num_tokens_per_req=tokens,
                 )
+                del buffers
     except Exception as exc:  # a warm-up must not stop the server
-        if get_parallel().tp_size > 1:
-            raise
         logger.warning(
             "Could not warm sglang's eager Mamba2 prefill for the batches the full "
             "prefill graph sends eager (%s: %s); the first such batch may compile "
@@ -228,6 +236,8 @@ def _warm_eager_mamba2_prefill(runner) -> None:
             type(exc).__name__,
             exc,
         )
+    finally:
+        torch.cuda.empty_cache()
 
 
 def request_bucket_label(slots: int) -> str:
