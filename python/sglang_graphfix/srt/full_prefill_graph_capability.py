@@ -188,8 +188,8 @@ def mamba2_request_buckets(num_tokens: int, slots: int) -> tuple[int, ...]:
 #   token was below eager's at every workload (1 x 16, 1 x 256, 4 x 256, 8 x 64
 #   tokens; chat, prompts of 16-512 tokens drawn uniformly, at rates 2, 8, 32 and
 #   saturation). At chat rate 2 (15 prompts at 2 a second; the longest drawn
-#   is not recorded) full's p99 was 28.6 ms against eager's 170.4 (median 80.4,
-#   and 52.1 for one 256-token prompt). Its p99 was above eager's at saturation
+#   is not recorded) full's p99 was 28.6 ms against eager's 170.4 (its median
+#   80.4; one 256-token prompt alone: 52.1). Its p99 was above eager's at saturation
 #   only (853.6 vs 786.3 ms; medians 475.6 vs 574.9), where batches of up to 16
 #   such prompts replay: a miss this bound does not address.
 # * above: one prompt of 2575-3392 tokens (110.4 vs 92.3 ms) and of 4k-8k

@@ -215,6 +215,7 @@ def _warm_eager_mamba2_prefill(runner) -> None:
         return
     first = capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST + 1
     second = first + 1 if first % 16 == 0 else -(-first // 16) * 16
+    buffers = None
     try:
         with runner.model_context(), torch.no_grad():
             for tokens in (first, second):
@@ -227,7 +228,7 @@ def _warm_eager_mamba2_prefill(runner) -> None:
                     forward_mode_override=ForwardMode.EXTEND,
                     extend_num_tokens_per_req=tokens,
                 )
-                del buffers
+                buffers = None
     except Exception as exc:  # a warm-up must not stop the server
         logger.warning(
             "Could not warm sglang's eager Mamba2 prefill for the batches the full "
@@ -237,6 +238,7 @@ def _warm_eager_mamba2_prefill(runner) -> None:
             exc,
         )
     finally:
+        buffers = None  # a failed run's too, before the cache is emptied
         torch.cuda.empty_cache()
 
 
