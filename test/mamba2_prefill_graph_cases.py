@@ -15,8 +15,12 @@ from unittest import mock
 import torch
 import triton
 
+from sglang.kernels.ops.mamba.causal_conv1d_triton import PAD_SLOT_ID
 from sglang.srt.layers.attention import hybrid_linear_attn_backend as upstream
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
+from sglang.srt.layers.attention.linear.kda_prefill_graph import (
+    KDAPrefillGraphMetadata,
+)
 from sglang.srt.layers.attention.mamba.mamba2_metadata import Mamba2Metadata
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_graphfix.srt import full_prefill_graph_capability as capability
@@ -166,6 +170,7 @@ def filled_tables(case, device="cpu"):
         chunk_size=case.chunk,
         cache_index_dtype=torch.int32,
         device=device,
+        conv_blocks=True,  # MAMBA2_CONV_BLOCK_TABLE's table, checked too
     )
     # First the capture batch (one request over the bucket), then the
     # runner's padded replay view: zero-length slots on pool row 0.
@@ -252,6 +257,28 @@ def mismatches(case, tables):
         )
         check("chunk_offsets (inert)", tables.chunk_offsets[n:], [C] * rest)
 
+    # 3. Conv blocks, as sglang's own static-table fill lays them out for the
+    # same R + 1 sequences.
+    kda = KDAPrefillGraphMetadata.allocate(
+        num_tokens=T,
+        max_seqs_cap=R + 1,
+        track=False,
+        cache_index_dtype=torch.int32,
+        device="cpu",
+    )
+    kda.fill(
+        extend_seq_lens=cu.diff().tolist(),
+        cache_indices=tables.cache_indices,
+        extend_prefix_lens=torch.zeros(R + 1, dtype=torch.int64),
+        track_rows=None,
+    )
+    rows = tables.conv_block_table.shape[0]
+    check("conv_block_table", tables.conv_block_table, kda.conv_block_table[:rows])
+    check(
+        "conv_block_table (past the bound)",
+        kda.conv_block_table[rows:],
+        [[PAD_SLOT_ID, 0]] * (kda.conv_block_table.shape[0] - rows),
+    )
     return out
 
 

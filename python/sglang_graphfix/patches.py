@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+from sglang_graphfix.kernels.ops.mamba import causal_conv1d_triton
 from sglang_graphfix.srt.arg_groups import cuda_graph_hook
 from sglang_graphfix.srt.layers.attention import hybrid_linear_attn_backend
 from sglang_graphfix.srt.layers.attention.dsa import dsa_indexer
@@ -61,6 +62,7 @@ PATCHES = (
     Patch(_SRT + "model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner._shape_key", prefill_cuda_graph_runner.replay_request_bucket_graph, HookType.AROUND),
     Patch(_SRT + "model_executor.runner_backend.full_cuda_graph_backend.FullCudaGraphBackend.capture_one", full_cuda_graph_backend.key_graph_by_request_bucket, HookType.AROUND),
     Patch(_SRT + "model_executor.model_runner_components.cuda_graph_setup.has_standard_gqa_for_all_local_layers", cuda_graph_setup.keep_full_prefill_graph_across_mamba2_layer_gaps, HookType.AROUND),
+    Patch("sglang.kernels.ops.mamba.causal_conv1d_triton.causal_conv1d_fn", causal_conv1d_triton.launch_conv_on_bucket_block_table, HookType.AROUND),
     # DSA indexer weights_proj LoRA under the breakable prefill graph.
     Patch(_ATTN + "dsa.dsa_indexer.Indexer._get_logits_head_gate", dsa_indexer.lora_aware_head_gate, HookType.AROUND),
     Patch(_ATTN + "dsa.dsa_indexer.Indexer.forward_cuda", dsa_indexer.lora_aware_split_op_dispatch, HookType.AROUND),

@@ -68,7 +68,8 @@ def _short_target(target: str) -> str:
 
 
 def _split_target(target: str):
-    """(upstream file under sglang/srt, name inside it) of a hook target."""
+    """(upstream file, name inside it) of a hook target: the file relative to
+    sglang/srt, or from sglang/ outside it."""
     import pkgutil
 
     parts = target.split(".")
@@ -79,7 +80,7 @@ def _split_target(target: str):
         except (ImportError, AttributeError, ValueError):
             continue
         if module in sys.modules and hasattr(sys.modules[module], "__file__"):
-            path = module[len(_SRT) :].replace(".", "/") + ".py"
+            path = module.removeprefix(_SRT).replace(".", "/") + ".py"
             return path, ".".join(parts[cut:])
     return target, ""
 

@@ -30,8 +30,16 @@ def run_case():
     return run_case
 
 
+@pytest.mark.parametrize("conv_block_table", [False, True], ids=["", "conv_table"])
 @pytest.mark.parametrize("seed", range(CASES))
-def test_replayed_graph_equals_the_eager_extend(run_case, seed):
+def test_replayed_graph_equals_the_eager_extend(
+    run_case, seed, conv_block_table, monkeypatch
+):
+    """Also with the conv launched on the bucket's block table
+    (MAMBA2_CONV_BLOCK_TABLE, off as shipped)."""
+    from sglang_graphfix.srt import full_prefill_graph_capability as capability
+
+    monkeypatch.setattr(capability, "MAMBA2_CONV_BLOCK_TABLE", conv_block_table)
     result = run_case(seed, device="cuda", capture_graph=True, chunks=(8, 16, 64))
     assert result["finite"], result
     assert max(result[k] for k in ("out", "conv_pool", "ssm_pool")) < TOLERANCE, result

@@ -380,7 +380,7 @@ def test_every_patch_has_the_header_status_shows():
         fields = status.header(patch.hook)
         missing = [f for f in status.HEADER_FIELDS if not fields.get(f)]
         assert not missing, f"{patch.hook.__name__}: no {missing} header line"
-        assert fields["Upstream"].startswith("sglang/srt/"), patch.hook.__name__
+        assert fields["Upstream"].startswith("sglang/"), patch.hook.__name__
 
 
 def test_readme_patch_table_is_generated_from_patches():

@@ -163,6 +163,21 @@ MAMBA2_REQUEST_BUCKETS = (1, 2, 4, 8)
 REQUEST_BUCKET_MAX_TOKENS = 512
 
 
+# The captured Mamba2 conv launched over a block table of the batch's (sequence,
+# block) rows instead of upstream's grid of R + 1 sequences x the bucket's blocks
+# (..layers.attention.mamba.mamba2_prefill_graph's conv_block_table, carried to
+# sglang's Triton conv by ..kernels.ops.mamba.causal_conv1d_triton). The grid's
+# idle programs grow with slots x bucket: Falcon-H1-7B's profile
+# (benchmark/results/gpu/mamba2_2026-12-03/) measured the conv at 0.55 ms under
+# full against eager's 0.07 for 8 x 64 tokens; extrapolated to one long prompt at
+# Nemotron-H-8B's dimensions, 3-9.5 ms a forward (docs/mamba2_full_prefill_graph.md).
+# The same kernel and table layout run in the GDN and KDA graphs; this one is
+# checked on CPU only (the Triton interpreter against the eager conv, and the
+# launch through sglang's own conv entry point). Off until an H200 runs the
+# Mamba2 GPU cases with it on (test probe GRAPHFIX_PROBE_MAMBA2_CONV_BLOCK_TABLE).
+MAMBA2_CONV_BLOCK_TABLE = False
+
+
 def mamba2_request_buckets(num_tokens: int, slots: int) -> tuple[int, ...]:
     """The request counts for which a Mamba2 full graph's ``num_tokens`` bucket
     also has a graph, with ``slots`` request slots: MAMBA2_REQUEST_BUCKETS below

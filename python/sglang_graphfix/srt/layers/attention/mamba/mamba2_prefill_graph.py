@@ -33,9 +33,15 @@ Layout of one bucket:
   whose every load and store the chunk-scan kernel masks out. A logical chunk
   starts at every chunk boundary and at every sequence start off the grid, and
   only R sequence starts are not at token 0: hence the bound.
-* No conv table: upstream's MambaMixer2 calls the conv with
+* The conv: upstream's MambaMixer2 calls it with
   ``seq_lens_cpu=extend_seq_lens_cpu`` and no block table, so the metadata's
-  ``extend_seq_lens_cpu`` is the launch bound (``Mamba2FullGraphMetadata``).
+  ``extend_seq_lens_cpu`` is its launch bound, R + 1 sequences of up to T tokens
+  (``Mamba2FullGraphMetadata``). With MAMBA2_CONV_BLOCK_TABLE
+  (..full_prefill_graph_capability), also ``conv_block_table``
+  [cdiv(T, CAUSAL_CONV1D_FWD_BLOCK_M) + R, 2]: the (sequence, block) rows of the
+  batch's tokens, ``(PAD_SLOT_ID, 0)`` past them (same bound argument), which
+  ``ConvLaunchLengths`` carries to the conv
+  (sglang_graphfix.kernels.ops.mamba.causal_conv1d_triton).
 
 ``Mamba2PrefillTrackTables`` holds the prefix-cache snapshot plan the same way:
 K rows with a mode instead of the eager path's masked index lists
@@ -58,6 +64,10 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from sglang.kernels.ops.mamba.causal_conv1d_triton import (
+    CAUSAL_CONV1D_FWD_BLOCK_M,
+    PAD_SLOT_ID,
+)
 from sglang.kernels.ops.mamba.kda_prefill_track import (
     TRACK_CHUNK_STATE,
     TRACK_FINAL_STATE,
@@ -65,6 +75,7 @@ from sglang.kernels.ops.mamba.kda_prefill_track import (
 )
 from sglang.srt.layers.attention.mamba.mamba2_metadata import Mamba2Metadata
 from sglang.srt.runtime_context import mamba_cache_chunk_size
+from sglang_graphfix.srt import full_prefill_graph_capability as capability
 from sglang_graphfix.srt.layers.attention.linear.kda_prefill_graph import (
     bucket_tables,
     request_slots,
@@ -90,6 +101,21 @@ def max_logical_chunks(num_tokens: int, max_requests: int, chunk_size: int) -> i
     return triton.cdiv(num_tokens, chunk_size) + max_requests
 
 
+def max_conv_blocks(num_tokens: int, max_requests: int) -> int:
+    """(sequence, block) rows of the conv kernel for the same batches."""
+    return triton.cdiv(num_tokens, CAUSAL_CONV1D_FWD_BLOCK_M) + max_requests
+
+
+class ConvLaunchLengths(list):
+    """A bucket's conv launch bound, ``[T] * (R + 1)`` as upstream's conv call
+    reads it, carrying the bucket's ``block_table`` for
+    sglang_graphfix.kernels.ops.mamba.causal_conv1d_triton."""
+
+    def __init__(self, lengths, block_table: torch.Tensor):
+        super().__init__(lengths)
+        self.block_table = block_table
+
+
 def track_rows(num_tokens: int, max_requests: int, cache_chunk_size: int) -> int:
     """Snapshot rows of a bucket: the most requests of a ``num_tokens`` batch
     that sglang tracks, each extending at least ``cache_chunk_size`` tokens."""
@@ -110,6 +136,8 @@ class Mamba2PrefillGraphTables:
     chunk_indices: torch.Tensor  # [max_logical_chunks] int32
     chunk_offsets: torch.Tensor  # [max_logical_chunks] int32
     num_logical_tokens: torch.Tensor  # [1] int32, the batch's tokens
+    # [max_conv_blocks, 2] int32, with MAMBA2_CONV_BLOCK_TABLE only
+    conv_block_table: torch.Tensor | None = None
 
     @classmethod
     def allocate(
@@ -120,6 +148,7 @@ class Mamba2PrefillGraphTables:
         chunk_size: int,
         cache_index_dtype: torch.dtype,
         device: torch.device | str,
+        conv_blocks: bool = False,
     ) -> Mamba2PrefillGraphTables:
         assert chunk_size > 0 and chunk_size & (chunk_size - 1) == 0, chunk_size
         assert num_tokens >= 1 and max_requests >= 1, (num_tokens, max_requests)
@@ -143,6 +172,11 @@ class Mamba2PrefillGraphTables:
                 max_logical_chunks(num_tokens, max_requests, chunk_size)
             ),
             num_logical_tokens=table(1),
+            conv_block_table=(
+                table(max_conv_blocks(num_tokens, max_requests), 2)
+                if conv_blocks
+                else None
+            ),
         )
 
     def fill(
@@ -195,6 +229,21 @@ class Mamba2PrefillGraphTables:
             torch.where(live, entry - p[seq], triton.cdiv(T, C) - 1)
         )
         self.chunk_offsets.copy_(torch.where(live, offset, C))
+        if self.conv_block_table is None:
+            return
+
+        # Conv blocks: sequence-major (sequence, block) rows.
+        n_blocks = (seq_ends - starts + CAUSAL_CONV1D_FWD_BLOCK_M - 1) // (
+            CAUSAL_CONV1D_FWD_BLOCK_M
+        )
+        block_ends = torch.cumsum(n_blocks, 0)
+        row = torch.arange(self.conv_block_table.shape[0], **i64)
+        seq = torch.searchsorted(block_ends, row, right=True)
+        live = seq <= R
+        seq = seq.clamp(max=R)
+        block = row - (block_ends[seq] - n_blocks[seq])
+        self.conv_block_table[:, 0].copy_(torch.where(live, seq, PAD_SLOT_ID))
+        self.conv_block_table[:, 1].copy_(torch.where(live, block, 0))
 
 
 @dataclass(frozen=True)
@@ -356,7 +405,11 @@ class Mamba2FullGraphMetadata(Mamba2Metadata):
                 seq_idx=tables.seq_idx,
                 chunk_indices=tables.chunk_indices,
                 chunk_offsets=tables.chunk_offsets,
-                extend_seq_lens_cpu=[T] * (R + 1),
+                extend_seq_lens_cpu=(
+                    [T] * (R + 1)
+                    if tables.conv_block_table is None
+                    else ConvLaunchLengths([T] * (R + 1), tables.conv_block_table)
+                ),
             ),
             tables=tables,
             track=track,
@@ -407,6 +460,7 @@ def _allocate_metadata(backend, forward_batch, cache_index_dtype):
         chunk_size=backend.mamba_chunk_size,
         cache_index_dtype=cache_index_dtype,
         device=backend.device,
+        conv_blocks=capability.MAMBA2_CONV_BLOCK_TABLE,
     )
     K = track_rows(T, R, mamba_cache_chunk_size())
     track = None

@@ -149,14 +149,23 @@ def run_case(seed, mutate=""):
     elif mutate == "tail-in-last-request":
         t.seq_idx[t.seq_idx == case.slots] = bs - 1
         t.query_start_loc[bs:] = case.bucket
+    # The conv as MambaMixer2 launches it on the bucket's metadata (R + 1
+    # sequences of up to T tokens, lengths read on the device), and on the
+    # bucket's block table (MAMBA2_CONV_BLOCK_TABLE): the same output and states.
     graph_conv_pool = w["conv_pool"].clone()
     graph_conv = causal_conv1d_fn(
         w["conv_x"].transpose(0, 1), w["conv_w"], w["conv_b"],
         conv_states=graph_conv_pool, query_start_loc=t.query_start_loc,
-        # As MambaMixer2 launches it on the bucket's metadata: R + 1 sequences of
-        # up to T tokens, lengths read on the device.
         seq_lens_cpu=[case.bucket] * (case.slots + 1), cache_indices=t.cache_indices,
         has_initial_state=t.has_initial_states, activation="silu",
+    )  # fmt: skip
+    table_conv_pool = w["conv_pool"].clone()
+    table_conv = causal_conv1d_fn(
+        w["conv_x"].transpose(0, 1), w["conv_w"], w["conv_b"],
+        conv_states=table_conv_pool, query_start_loc=t.query_start_loc,
+        seq_lens_cpu=None, cache_indices=t.cache_indices,
+        has_initial_state=t.has_initial_states, activation="silu",
+        block_table=t.conv_block_table,
     )  # fmt: skip
     initial = torch.where(
         t.has_initial_states[:, None, None, None],
@@ -203,6 +212,8 @@ def run_case(seed, mutate=""):
         "prefix": any(case.prefix),
         "conv_out": diff(graph_conv[:, :total], eager_conv),
         "conv_state": diff(graph_conv_pool[slots], eager_conv_pool[slots]),
+        "conv_out_table": diff(table_conv[:, :total], eager_conv),
+        "conv_state_table": diff(table_conv_pool[slots], eager_conv_pool[slots]),
         "ssd_out": diff(graph_out[:, :total], eager_out),
         "chunk_states": diff(
             graph_states[:, :real_chunks], eager_states[:, :real_chunks]

@@ -31,6 +31,7 @@ from sglang_graphfix.srt.layers.attention.mamba.mamba2_prefill_graph import (
     TRACK_FINAL_STATE,
     TRACK_GRID_STATE,
     TRACK_RECOMPUTE_STATE,
+    max_conv_blocks,
     max_logical_chunks,
 )
 
@@ -40,6 +41,8 @@ SCRIPT = Path(__file__).with_name("interpret_mamba2_prefill_graph.py")
 DIFFS = (
     "conv_out",
     "conv_state",
+    "conv_out_table",
+    "conv_state_table",
     "ssd_out",
     "chunk_states",
     "varlen_state",
@@ -98,6 +101,7 @@ def test_bounds_are_reached_and_hold(cases):
     tables = filled_tables(case)
     assert tables.chunk_indices.shape[0] == max_logical_chunks(case.bucket, R, C)
     assert (tables.chunk_offsets < C).all()  # no inert row left
+    assert tables.conv_block_table.shape[0] == max_conv_blocks(case.bucket, R)
     assert not mismatches(case, tables)
 
 
@@ -110,6 +114,7 @@ def test_a_wrong_table_is_detected(cases):
         ("chunk_indices", 1, 1),
         ("seq_idx", (0, 0), 1),
         ("query_start_loc", -2, 1),
+        ("conv_block_table", (0, 1), 1),
         ("cache_indices", -1, 1),
     ]:
         tables = filled_tables(case)
