@@ -257,8 +257,10 @@ def mismatches(case, tables):
         )
         check("chunk_offsets (inert)", tables.chunk_offsets[n:], [C] * rest)
 
-    # 3. Conv blocks, as sglang's own static-table fill lays them out for the
-    # same R + 1 sequences.
+    # 3. Conv blocks (MAMBA2_CONV_BLOCK_TABLE), as sglang's own static-table
+    # fill lays them out for the same R + 1 sequences.
+    if tables.conv_block_table is None:
+        return out
     kda = KDAPrefillGraphMetadata.allocate(
         num_tokens=T,
         max_seqs_cap=R + 1,

@@ -36,11 +36,29 @@ def test_replayed_graph_equals_the_eager_extend(
     run_case, seed, conv_block_table, monkeypatch
 ):
     """Also with the conv launched on the bucket's block table
-    (MAMBA2_CONV_BLOCK_TABLE, off as shipped)."""
+    (MAMBA2_CONV_BLOCK_TABLE, off as shipped): the same numbers either way, so the
+    kernel's launches are recorded to show which one ran."""
+    import sglang.kernels.ops.mamba.causal_conv1d_triton as triton_conv
     from sglang_graphfix.srt import full_prefill_graph_capability as capability
 
     monkeypatch.setattr(capability, "MAMBA2_CONV_BLOCK_TABLE", conv_block_table)
+    kernel, flags = triton_conv._causal_conv1d_fwd_kernel, []
+
+    class Recorded:
+        def __getitem__(self, grid):
+            launch = kernel[grid]
+
+            def run(*args, **meta):
+                flags.append(meta.get("USE_BLOCK_TABLE"))
+                return launch(*args, **meta)
+
+            return run
+
+    monkeypatch.setattr(triton_conv, "_causal_conv1d_fwd_kernel", Recorded())
     result = run_case(seed, device="cuda", capture_graph=True, chunks=(8, 16, 64))
+    # The eager extend never has a table; the captured one has one exactly when
+    # the switch is on.
+    assert False in flags and (True in flags) is conv_block_table, flags
     assert result["finite"], result
     assert max(result[k] for k in ("out", "conv_pool", "ssm_pool")) < TOLERANCE, result
 

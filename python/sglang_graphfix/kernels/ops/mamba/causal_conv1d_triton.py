@@ -21,16 +21,18 @@ _SEQ_LENS_CPU = 5  # causal_conv1d_fn's positional index of seq_lens_cpu
 # Why:     Upstream's grid is (sequences, cdiv(longest, BLOCK_M), channel
 #          blocks); on a bucket's bound that is R + 1 sequences x the whole
 #          bucket, almost every program past its sequence's end (Falcon-H1-7B,
-#          8 x 64 tokens in 16 slots: 0.55 ms a forward against eager's 0.07).
+#          8 x 64 tokens in 16 slots: 0.55 ms a forward against breakable's
+#          0.07).
 # How:     Pass block_table=seq_lens_cpu.block_table through to the original;
 #          every other call (plain lists, an explicit block_table: sglang's and
 #          our GDN/KDA graphs) is unchanged. HookRegistry carries the wrapper to
 #          the modules that imported the function (mamba.py's
 #          causal_conv1d_fn_triton, causal_conv1d.py's _causal_conv1d_fn_triton).
 # Upstream: sglang/kernels/ops/mamba/causal_conv1d_triton.py::causal_conv1d_fn
-#          (to propose: MambaMixer2 passing the metadata's block table, as the
-#          KDA extend does)
-# Removal: once upstream's Mamba2 metadata carries a conv block table.
+#          (the change to propose is in sglang/srt/layers/attention/mamba/
+#          mamba.py::MambaMixer2.forward: pass the metadata's block table, as the
+#          KDA graph extend does)
+# Removal: once upstream's MambaMixer2 passes a conv block table.
 def launch_conv_on_bucket_block_table(original, *args, **kwargs):
     lengths = (
         kwargs.get("seq_lens_cpu")

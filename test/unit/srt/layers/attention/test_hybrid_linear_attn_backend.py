@@ -324,13 +324,20 @@ def test_mamba2_switch_ships_on():
     assert capability.MAMBA2_FULL_PREFILL_GRAPH is True
 
 
-def test_plain_extend_on_mamba2_runs_on_the_buckets_static_metadata():
+@pytest.mark.parametrize("conv_block_table", [False, True])
+def test_plain_extend_on_mamba2_runs_on_the_buckets_static_metadata(
+    conv_block_table, monkeypatch
+):
     """Switch on: the runner's capture and replay calls give the Mamba2 backend
     one Mamba2FullGraphMetadata per bucket (the same object, refilled), which
     describes the replayed batch as sglang's eager Mamba2Metadata does (tables
     and snapshot plan checked against upstream's own builders) and has the
     fixed shapes MambaMixer2.forward launches over: R + 1 sequences, the whole
-    bucket, no decodes, always initial states."""
+    bucket, no decodes, always initial states; with MAMBA2_CONV_BLOCK_TABLE,
+    the conv's block table too (against upstream's KDA table fill)."""
+    from sglang_graphfix.srt import full_prefill_graph_capability as capability
+
+    monkeypatch.setattr(capability, "MAMBA2_CONV_BLOCK_TABLE", conv_block_table)
     rng = random.Random(7)
     cases = [random_case(rng) for _ in range(40)]
     assert any(c.tracked for c in cases) and any(not c.tracked for c in cases)
@@ -345,6 +352,7 @@ def test_plain_extend_on_mamba2_runs_on_the_buckets_static_metadata():
         )
         assert isinstance(meta, Mamba2FullGraphMetadata)
         assert not mismatches(case, meta.tables), vars(case)
+        assert (meta.tables.conv_block_table is not None) is conv_block_table
         R, T = case.slots, case.bucket
         assert (meta.num_prefills, meta.num_prefill_tokens, meta.num_decodes) == (
             R + 1,
