@@ -717,14 +717,15 @@ def crossover(report: dict, graph: str = "full", base: str = "breakable") -> dic
             continue
         runs.append({"label": label, "tokens_per_request": tokens, **ttft})
     runs.sort(key=lambda r: r["tokens_per_request"])
-    lost = [r["tokens_per_request"] for r in runs if r[graph] > r[base]]
-    first_loss = min(lost, default=None)
-    won = [
-        r["tokens_per_request"]
-        for r in runs
-        if first_loss is not None and r["tokens_per_request"] < first_loss
-    ]
-    bound = None if first_loss is None else max(won, default=0)
+    tokens = [r["tokens_per_request"] for r in runs]
+    first_loss = min(
+        (n for n, r in zip(tokens, runs) if r[graph] > r[base]), default=None
+    )
+    bound = (
+        None
+        if first_loss is None
+        else max((n for n in tokens if n < first_loss), default=0)
+    )
     return {
         "graph": graph,
         "base": base,

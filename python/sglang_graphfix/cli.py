@@ -711,8 +711,7 @@ def _long_prefill_line(args, model_config, buckets) -> str:
 
     limit = capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST
     if (
-        limit is None
-        or limit >= max(buckets, default=0)
+        not capability.mamba2_graph_routes_long_prefills(max(buckets, default=0))
         or capability.mamba_mixer_of_config(model_config) != "mamba2"
     ):
         return ""

@@ -169,7 +169,7 @@ REQUEST_BUCKET_MAX_TOKENS = 512
 # sglang's Triton conv by ..kernels.ops.mamba.causal_conv1d_triton). The grid's
 # idle programs grow with slots x bucket: Falcon-H1-7B's profile
 # (benchmark/results/gpu/mamba2_2026-12-03/) measured the conv at 0.55 ms under
-# full against eager's 0.07 for 8 x 64 tokens; extrapolated to one long prompt at
+# full against breakable's 0.07 for 8 x 64 tokens; extrapolated to one long prompt at
 # Nemotron-H-8B's dimensions, 3-9.5 ms a forward (docs/mamba2_full_prefill_graph.md).
 # The same kernel and table layout run in the GDN and KDA graphs; this one is
 # checked on CPU only (the Triton interpreter against the eager conv, and the
@@ -226,6 +226,13 @@ def mamba2_request_buckets(num_tokens: int, slots: int) -> tuple[int, ...]:
 # has not run on a GPU yet, and a failure there is logged. None: every batch
 # the graph holds replays it. LFM2's short conv is not covered.
 MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST: int | None = 512
+
+
+def mamba2_graph_routes_long_prefills(largest_bucket: int) -> bool:
+    """Whether MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST sends any batch eager that a
+    graph of token buckets up to ``largest_bucket`` holds."""
+    limit = MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST
+    return limit is not None and limit < largest_bucket
 
 
 def mamba2_graph_takes(num_tokens: int, requests: int) -> bool:

@@ -165,9 +165,8 @@ def route_full_prefill_fallback(original, self):
         eager_kernel,
     )
     # Nothing to route (and warm) where no batch the buckets hold can exceed it.
-    if (
-        _routes_long_prefills(self)
-        and capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST < self.max_num_tokens
+    if _routes_long_prefills(self) and capability.mamba2_graph_routes_long_prefills(
+        self.max_num_tokens
     ):
         _warm_eager_mamba2_prefill(self)
         logger.info(
