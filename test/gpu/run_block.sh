@@ -4,7 +4,8 @@
 # assembled, this package installed into /tmp/sglang-site; stop it with
 # test/gpu/stop_block.sh): the named GPU test modules (the first alone,
 # the rest side by side), then benchmark/serving_prefill_graph.py once per
-# further argument (its flags; one after another, alone on the GPU). Everything
+# further argument (its flags, after any NAME=value words that set that run's
+# environment; one after another, alone on the GPU). Everything
 # lands under $RES (default /tmp/res; serving runs in RES/serving, RES/serving_2,
 # ...); RES/DONE marks the end. SUITE_TIMEOUT (seconds, default 1200) bounds the
 # side-by-side modules. PRE, if set, is a command run first, alone on the GPU
@@ -41,8 +42,17 @@ n=0
 for serving_args in "$@"; do
   n=$((n + 1)) name=serving
   [ $n -gt 1 ] && name=serving_$n
-  SGLANG_ENABLE_JIT_DEEPGEMM=0 OUT="$res/$name" \
-    python3 benchmark/serving_prefill_graph.py $serving_args >"$res/$name.out" 2>&1
+  # Leading NAME=value words are that run's environment (e.g. a probe switch).
+  run_env=() flags=()
+  for word in $serving_args; do
+    if [ ${#flags[@]} -eq 0 ] && [[ $word =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; then
+      run_env+=("$word")
+    else
+      flags+=("$word")
+    fi
+  done
+  env SGLANG_ENABLE_JIT_DEEPGEMM=0 OUT="$res/$name" "${run_env[@]}" \
+    python3 benchmark/serving_prefill_graph.py "${flags[@]}" >"$res/$name.out" 2>&1
   stamp "$name ($serving_args) rc=$?"
 done
 if [ -n "${POST:-}" ]; then
