@@ -39,6 +39,7 @@ prompts, not reported), so kernels built on first use are not timed.
     python3 benchmark/serving_prefill_graph.py --plot   # PNG from the committed JSON
     python3 benchmark/serving_prefill_graph.py --recover DIR  # a run cut short
     python3 benchmark/serving_prefill_graph.py --crossover FILE  # sizes: the bound
+        [--routed FILE2]  # against FILE2's full server's routed (eager) runs
 
 Falcon-H1's full mode serves what a user asking for full gets: the breakable graph
 (sglang-graphfix's route_mamba2_full_prefill_to_breakable). To serve the captured
@@ -696,7 +697,12 @@ def plot() -> None:
 SIZES_LABEL = re.compile(r"^(\d+) x (\d+) tokens$")
 
 
-def crossover(report: dict, graph: str = "full", base: str = "breakable") -> dict:
+def crossover(
+    report: dict,
+    graph: str = "full",
+    base: str = "breakable",
+    routed: dict | None = None,
+) -> dict:
     """From a report's "sizes" runs of both modes: per run, the prompt tokens per
     request and both median times to first token, in order of tokens per
     request; ``first_loss``, the fewest tokens per request of a run ``graph``
@@ -704,15 +710,26 @@ def crossover(report: dict, graph: str = "full", base: str = "breakable") -> dic
     (what MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST is set from,
     full_prefill_graph_capability). ``bound`` 0: ``graph`` lost the shortest run
     (512 tokens), so nothing measured here supports a bound; None: it lost no
-    sizes run (the long runs, of ranges of lengths, are not read)."""
+    sizes run (the long runs, of ranges of lengths, are not read).
+
+    With ``routed``, another report whose ``graph`` server sent runs eager (its
+    bound set below them), the base of a run is that server's eager prefill
+    instead of ``base``'s: what routing the run would give, on the same kind of
+    server. Only its runs whose prefill batches were mostly eager count (the
+    rest replayed the graph there too)."""
     runs = []
     for label, _, _, _, _, _, _ in WORKLOADS["sizes"]:
         requests, tokens = map(int, SIZES_LABEL.match(label).groups())
         try:
-            ttft = {
-                m: report["modes"][m]["runs"][label]["median_ttft_ms"]
-                for m in (graph, base)
-            }
+            ttft = {graph: report["modes"][graph]["runs"][label]["median_ttft_ms"]}
+            if routed is None:
+                ttft[base] = report["modes"][base]["runs"][label]["median_ttft_ms"]
+            else:
+                run = routed["modes"][graph]["runs"][label]
+                batches = run["prefill_batches"]
+                if batches["graph"] >= batches["eager"]:
+                    continue
+                ttft[base] = run["median_ttft_ms"]
         except KeyError:
             continue
         runs.append({"label": label, "tokens_per_request": tokens, **ttft})
@@ -769,13 +786,25 @@ def main() -> None:
         help="print, from FILE's sizes runs of full and breakable, the most prompt "
         "tokens per request up to which full was never slower (JSON), then exit",
     )
+    parser.add_argument(
+        "--routed",
+        metavar="FILE",
+        help="with --crossover: hold full against FILE's full server where it sent "
+        "the run eager (its bound below the run) instead of against breakable",
+    )
     parser.add_argument("server_args", nargs="*", help="extra sglang flags, after --")
     args = parser.parse_args()
     if args.plot:
         plot()
         return
     if args.crossover:
-        print(json.dumps(crossover(json.loads(Path(args.crossover).read_text()))))
+        report = json.loads(Path(args.crossover).read_text())
+        if args.routed:
+            routed = json.loads(Path(args.routed).read_text())
+            result = crossover(report, base="routed eager", routed=routed)
+        else:
+            result = crossover(report)
+        print(json.dumps(result))
         return
     if args.recover:
         folder = Path(args.recover)

@@ -217,6 +217,59 @@ def test_crossover_is_the_last_prompt_length_before_full_first_lost(
     assert (printed["first_loss"], printed["bound"]) == (1536, 1024)
 
 
+def test_crossover_against_routed_eager_reads_the_runs_that_server_sent_eager(
+    tmp_path, capsys, monkeypatch
+):
+    """--crossover FILE --routed FILE2: the base of a run is FILE2's full server
+    where that run's prefill batches were mostly eager (its bound below the
+    run), not breakable; runs that replayed the graph there are left out."""
+    bench = load_benchmark("serving_prefill_graph")
+
+    def run(ms, graph=0, eager=14):
+        return {
+            "median_ttft_ms": ms,
+            "prefill_batches": {"graph": graph, "eager": eager},
+        }
+
+    graph = {"1 x 512 tokens": 30.0, "1 x 1024 tokens": 53.0, "4 x 1024 tokens": 141.0,
+             "1 x 1536 tokens": 66.0, "1 x 2048 tokens": 81.0, "1 x 3072 tokens": 105.0}  # fmt: skip
+    report = {
+        "modes": {
+            "full": {"runs": {k: run(v, graph=16, eager=0) for k, v in graph.items()}},
+            # Faster than full everywhere: against it the bound would be 0.
+            "breakable": {"runs": {k: run(v - 10) for k, v in graph.items()}},
+        }
+    }
+    routed = {
+        "modes": {
+            "full": {
+                "runs": {
+                    "1 x 512 tokens": run(20.0, graph=16, eager=0),  # replayed there
+                    "1 x 1024 tokens": run(71.0, graph=2),
+                    "4 x 1024 tokens": run(149.0, graph=0, eager=26),
+                    "1 x 1536 tokens": run(80.0, graph=2),
+                    "1 x 2048 tokens": run(78.0, graph=2),
+                    "1 x 3072 tokens": run(100.0, graph=2),
+                }
+            }
+        }
+    }
+    assert bench.crossover(report)["bound"] == 0
+    result = bench.crossover(report, base="routed eager", routed=routed)
+    assert (result["first_loss"], result["bound"]) == (2048, 1536)
+    assert [r["label"] for r in result["runs"]][0] == "1 x 1024 tokens"
+    paths = tmp_path / "graph.json", tmp_path / "routed.json"
+    for path, content in zip(paths, (report, routed)):
+        path.write_text(json.dumps(content))
+    monkeypatch.setattr(
+        "sys.argv",
+        ["serving_prefill_graph.py", "--crossover", str(paths[0]), "--routed", str(paths[1])],
+    )  # fmt: skip
+    bench.main()
+    printed = json.loads(capsys.readouterr().out)
+    assert (printed["base"], printed["bound"]) == ("routed eager", 1536)
+
+
 class _Args:
     def __init__(self, model):
         self.model, self.context_length, self.mem_fraction_static = model, 4096, 0.8
