@@ -833,6 +833,11 @@ SERVING_NEMOTRON_H = (
 SERVING_NEMOTRON_H_LONG = (
     "gpu/serving_2026-12-03c/nemotron_h_8b_long/serving_prefill_graph.json"
 )
+SERVING_NEMOTRON_H_SIZES = (
+    "gpu/serving_2026-12-04/nemotron_h_8b_sizes_bound_lifted/serving_prefill_graph.json",
+    "gpu/serving_2026-12-04/nemotron_h_8b_sizes_conv_table/serving_prefill_graph.json",
+    "gpu/serving_2026-12-04/nemotron_h_8b_sizes_as_shipped/serving_prefill_graph.json",
+)
 SERVING_FALCON_H1_REQUEST_BUCKETS = (
     "gpu/serving_2026-12-03c/falcon_h1_7b_request_buckets/serving_prefill_graph.json"
 )
@@ -872,6 +877,21 @@ def render() -> str:
             "d56e344, request buckets on), full vs breakable (eager on this model), "
             "one server after the other; its 8192 positions leave out the 8k-16k "
             "run. ",
+        )
+        + serving(
+            SERVING_NEMOTRON_H_SIZES,
+            "Nemotron-H-8B, where the full graph stops beating eager (issue 16; "
+            "2026-12-04, tree 3ecbadc, four servers one after another): full with "
+            "the length bound lifted (the test probe's "
+            "GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST=100000) and "
+            "breakable (eager on this model); 'full, conv table': the same with "
+            "MAMBA2_CONV_BLOCK_TABLE on (GRAPHFIX_PROBE_MAMBA2_CONV_BLOCK_TABLE=1); "
+            "'full, bound 512': full as shipped in that tree, whose runs above 512 "
+            "tokens a prompt ran eager. ",
+            renamed={
+                SERVING_NEMOTRON_H_SIZES[1]: "full, conv table",
+                SERVING_NEMOTRON_H_SIZES[2]: "full, bound 512",
+            },
         )
         + serving(
             (SERVING_FALCON_H1_REQUEST_BUCKETS,),

@@ -11,7 +11,8 @@
 # side-by-side modules. PRE, if set, is a command run first, alone on the GPU
 # (OUT=RES/pre; its output in RES/pre.log), e.g. a kernel microbenchmark; POST
 # likewise last (OUT=RES/post, RES/post.log), e.g. a profile. PRE_TIMEOUT and
-# POST_TIMEOUT bound them (seconds, default 900).
+# POST_TIMEOUT bound them (seconds, default 900). RES/gpu_clocks.csv: nvidia-smi's
+# clocks, power and utilisation, once a second.
 #   GRAPHFIX_COMMIT=<sha> RES=/tmp/res bash test/gpu/run_block.sh \
 #       "first_module.py" "module_a.py module_b.py" "--quick --modes breakable,full" \
 #       "--model falcon-h1-7b --quick"
@@ -23,6 +24,14 @@ first=$1 side_by_side=$2
 shift 2
 stamp() { echo "$(date -u +%H:%M:%S) $*" >>"$res/progress.log"; }
 stamp "start ${GRAPHFIX_COMMIT:-unset}"
+# The GPU's clocks and power once a second for the whole block (timings of servers
+# run one after another differ: whether the GPU's state does too).
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
+    --format=csv -l 1 >"$res/gpu_clocks.csv" 2>/dev/null &
+  clocks=$!
+  trap 'kill $clocks 2>/dev/null' EXIT
+fi
 if [ -n "${PRE:-}" ]; then
   mkdir -p "$res/pre"
   OUT="$res/pre" timeout "${PRE_TIMEOUT:-900}" bash -c "$PRE" >"$res/pre.log" 2>&1

@@ -595,7 +595,7 @@ def test_the_plan_names_the_request_buckets_of_a_mamba2_full_graph(
 def test_the_plan_names_the_long_prefill_limit_of_a_mamba2_full_graph(
     capsys, plugin_on, monkeypatch, tmp_path
 ):
-    """With MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST set (512 as shipped), a Mamba2
+    """With MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST set (1536 as shipped), a Mamba2
     model whose full graph runs as full says which batches run eager; its
     breakable graph, LFM2's full graph and the limit unset say nothing."""
     import torch
@@ -619,7 +619,7 @@ def test_the_plan_names_the_long_prefill_limit_of_a_mamba2_full_graph(
         "long prefills a batch of more than {} new tokens per request on average "
         "runs eager"
     )
-    assert line.format(512) in plan(*nemotron, "full")
+    assert line.format(1536) in plan(*nemotron, "full")
     # Buckets of up to 512 tokens hold no batch above the bound: no line, as the
     # runner logs none.
     assert "long prefills" not in plan(

@@ -171,10 +171,17 @@ REQUEST_BUCKET_MAX_TOKENS = 512
 # (benchmark/results/gpu/mamba2_2026-12-03/) measured the conv at 0.55 ms under
 # full against breakable's 0.07 for 8 x 64 tokens; extrapolated to one long prompt at
 # Nemotron-H-8B's dimensions, 3-9.5 ms a forward (docs/mamba2_full_prefill_graph.md).
-# The same kernel and table layout run in the GDN and KDA graphs; this one is
-# checked on CPU only (the Triton interpreter against the eager conv, and the
-# launch through sglang's own conv entry point). Off until an H200 runs the
-# Mamba2 GPU cases with it on (test probe GRAPHFIX_PROBE_MAMBA2_CONV_BLOCK_TABLE).
+# The same kernel and table layout run in the GDN and KDA graphs. On an H200
+# (benchmark/results/gpu/serving_2026-12-04/, tree 3ecbadc) the captured extend
+# with it equals eager (test_mamba2_extend_graph.py, 24 random batches, outputs
+# and pools within 1e-4), and a served Nemotron-H-8B-dims full graph (no length
+# bound) took 0-2.9 ms off one prompt's median time to first token against the
+# same server without it (44.8 to 41.9 ms at 768 tokens, 53.1 to 51.5 at 1024,
+# 105.8 to 103.3 at 3072, 176.3 to 175.6 at 4k-8k; four prompts of 1024 at a
+# time went from 141.1 to 149.4, in 37 prefill batches instead of 26): less than
+# extrapolated, and not the long prompts' gap to breakable. Off until a tiny engine's graph vs
+# eager runs with it (test probe GRAPHFIX_PROBE_MAMBA2_CONV_BLOCK_TABLE; that
+# block ended before it did).
 MAMBA2_CONV_BLOCK_TABLE = False
 
 
@@ -189,43 +196,44 @@ def mamba2_request_buckets(num_tokens: int, slots: int) -> tuple[int, ...]:
     return tuple(r for r in sorted(MAMBA2_REQUEST_BUCKETS) if r < most)
 
 
-# Where a Mamba2 full prefill graph stops beating eager: a prefill batch of more
-# new tokens per request, on average, than this runs eager instead of replaying
+# Where a Mamba2 full prefill graph stops beating the eager prefill that routing
+# gives instead: a prefill batch of more new tokens per request, on average, than
+# this runs eager instead of replaying
 # (..model_executor.runner.prefill_cuda_graph_runner.
 # route_long_mamba2_prefills_eager; not under DP attention, whose ranks must
 # agree on graph or eager). The full graph runs Mamba2 models only where sglang's
 # own prefill is eager (NemotronH with MLP layers, and MoE layers once
 # NEMOTRON_H_MOE_LAYERS_CAPTURED; GraniteMoeHybrid; breakable elsewhere:
-# MAMBA2_FULL_BEATS_BREAKABLE), so a batch routed eager runs what sglang's
-# default runs for it. Served at Nemotron-H-8B's dimensions on an H200:
-# * up to 512 tokens a prompt, with request buckets
-#   (benchmark/results/gpu/serving_2026-12-03/): full's median time to first
-#   token was below eager's at every workload (1 x 16, 1 x 256, 4 x 256, 8 x 64
-#   tokens; chat, prompts of 16-512 tokens drawn uniformly, at rates 2, 8, 32 and
-#   saturation). At chat rate 2 (15 prompts at 2 a second; the longest drawn
-#   is not recorded) full's p99 was 28.6 ms against eager's 170.4 (its median
-#   80.4; one 256-token prompt alone: 52.1). Its p99 was above eager's at saturation
-#   only (853.6 vs 786.3 ms; medians 475.6 vs 574.9), where batches of up to 16
-#   such prompts replay: a miss this bound does not address.
-# * above: one prompt of 2575-3392 tokens (110.4 vs 92.3 ms) and of 4k-8k
-#   (187.7 vs 167.0; serving_2026-12-03c/nemotron_h_8b_long/, medians of 4
-#   prompts). Those replayed the graph over all 16 request slots: request
-#   buckets stop at REQUEST_BUCKET_MAX_TOKENS (512 tokens).
-# So the bound is 512, the top of the prompt range measured faster, and where request
-# buckets stop (a larger REQUEST_BUCKET_MAX_TOKENS may move the crossover up,
-# leaving this bound conservative). The crossover between 512 and 2575 tokens
-# is not measured (`python3 benchmark/serving_prefill_graph.py --model
-# nemotron-h-8b --modes full,breakable --workloads sizes` with the bound lifted,
-# then `--crossover` on its JSON). It applies to every Mamba2 full graph
-# (GraniteMoeHybrid's too, not measured at real size). Per request rather than
-# per batch: a batch of many short prompts replays. An average: one long prompt
-# among short ones replays with them. The runner also runs two eager dummy
-# prefills just over it at start-up (under a full graph sglang's own warm-up
-# request replays the graph, so nothing else builds the eager Mamba2 kernels
-# before the first routed batch; not under tensor parallelism); that warm-up
-# has not run on a GPU yet, and a failure there is logged. None: every batch
-# the graph holds replays it. LFM2's short conv is not covered.
-MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST: int | None = 512
+# MAMBA2_FULL_BEATS_BREAKABLE), so a batch routed eager runs sglang's default
+# kernels for it. Served at Nemotron-H-8B's dimensions on an H200, median time to
+# first token in ms of 12 prompts (48 for four at a time), three servers one after
+# another (benchmark/results/gpu/serving_2026-12-04/): full with no bound (graph),
+# full with a bound of 512 (the runs above it routed eager) and breakable (eager on
+# this model):
+#   tokens a prompt     512   768  1024  1536  2048  3072  4 x 512  4 x 1024
+#   graph              30.0  44.8  53.1  66.6  81.3 105.8     80.9     141.1
+#   routed eager          -  66.0  71.4  80.5  77.9 100.6        -     149.2
+#   breakable (eager)  92.9  89.8  87.8  61.8  66.1  87.3    117.3     137.9
+# The graph first lost to routed eager at 2048 tokens (`python3
+# benchmark/serving_prefill_graph.py --crossover <no bound>.json --routed
+# <bound 512>.json`), so the bound is 1536. Against breakable's server both lost
+# from 1536 tokens (and the graph 4 x 1024 by 3.2 ms): that server's eager prefill
+# was 12-19 ms faster than the full server's at 1536-3072 tokens and 16-24 ms
+# slower at 768-1024, the same kernels and flags either side (not profiled: the
+# open part of issue 16's "never slower"). Earlier, up to 512 tokens with request
+# buckets (serving_2026-12-03/), full's median was below eager's at every bursts'
+# and chat workload; its p99 was above eager's at saturation only (853.6 vs 786.3
+# ms), which this bound does not address. Applies to every Mamba2 full graph
+# (GraniteMoeHybrid's too, not measured at real size). Per request rather than per
+# batch: a batch of many short prompts replays. An average: one long prompt among
+# short ones replays with them. The runner also runs two eager dummy prefills just
+# over it at start-up (under a full graph sglang's own warm-up request replays the
+# graph, so nothing else builds the eager Mamba2 kernels before the first routed
+# batch; one tensor-parallel rank only; a failure is logged): at a bound of 512 it
+# ran with no warning in the served log (whether it spared a compile, that log
+# cannot show: an earlier server had filled the machine's Triton cache). None:
+# every batch the graph holds replays it. LFM2's short conv is not covered.
+MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST: int | None = 1536
 
 
 def mamba2_graph_routes_long_prefills(largest_bucket: int) -> bool:

@@ -173,13 +173,13 @@ def _mamba2_runner():
 def test_long_prefills_per_request_run_eager_under_a_mamba2_full_graph(
     monkeypatch, fresh_counter
 ):
-    """MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST (512 as shipped; None: every batch
+    """MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST (1536 as shipped; None: every batch
     the buckets hold replays) sends a Mamba2 full graph's batch of more new
     tokens per request eager, through sglang's own can_run_graph; GDN full
     graphs and breakable graphs keep sglang's rule."""
     from sglang_graphfix.srt import full_prefill_graph_capability as capability
 
-    assert capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST == 512
+    assert capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST == 1536
     monkeypatch.setattr(capability, "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST", None)
     runner = _mamba2_runner()
     assert runner.can_run_graph(_batch([500]))
@@ -448,8 +448,8 @@ def test_the_routing_line_names_the_long_prefill_limit(caplog, monkeypatch):
     """With MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST below the largest bucket, the
     capture ends with eager dummy prefills just over it (sglang's own _dummy_run,
     EXTEND) and the routing line names the bound; unset, or at least the largest
-    bucket (no prefill batch can exceed it: 512 as shipped, against these
-    buckets of up to 512 tokens), neither; a failed warm-up warns and the
+    bucket (no prefill batch can exceed it: 512, against these buckets of up
+    to 512 tokens), neither; a failed warm-up warns and the
     server starts; under tensor parallelism it does not run."""
     from sglang_graphfix.srt import full_prefill_graph_capability as capability
 
