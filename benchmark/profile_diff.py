@@ -1,9 +1,10 @@
 """Where two prefill-graph backends' forwards differ, device op by device op, from
 the JSON of `benchmark/prefill_graph_latency.py --profile` (each shape's "kernels":
-every device op, ms and calls per forward):
+every device op, ms and calls per forward) or of benchmark/trace_summary.py (served
+runs, per request; also "host_runtime", the CUDA runtime's calls: --ops):
 
     python3 benchmark/profile_diff.py PROFILE.json [--a full] [--b breakable]
-        [--model M] [--shape 8192x1] [--top 25]
+        [--model M] [--shape 8192x1] [--top 25] [--ops host_runtime]
 
 Per model and shape that both backends ran: their wall, device-busy and
 device-op counts per forward, then the device ops whose time differs most (a
@@ -34,7 +35,9 @@ def only_one_side_ms(rows: list) -> tuple:
     return round(only_a, 4), round(only_b, 4)
 
 
-def report(profile: dict, a: str, b: str, model=None, shape=None, top=25) -> str:
+def report(
+    profile: dict, a: str, b: str, model=None, shape=None, top=25, ops="kernels"
+) -> str:
     lines = []
     for model_name, backends in profile["models"].items():
         if (model and model_name != model) or a not in backends or b not in backends:
@@ -43,10 +46,10 @@ def report(profile: dict, a: str, b: str, model=None, shape=None, top=25) -> str
             wa, wb = backends[a][shape_name], backends[b].get(shape_name)
             if (shape and shape_name != shape) or wb is None:
                 continue
-            if "kernels" not in wa or "kernels" not in wb:
-                lines.append(f"{model_name} {shape_name}: no per-op list (older JSON)")
+            if ops not in wa or ops not in wb:
+                lines.append(f"{model_name} {shape_name}: no {ops} list")
                 continue
-            rows = op_differences(wa["kernels"], wb["kernels"])
+            rows = op_differences(wa[ops], wb[ops])
             only_a, only_b = only_one_side_ms(rows)
             lines += [
                 f"{model_name} {shape_name}: {a} vs {b}",
@@ -78,9 +81,15 @@ def main(argv=None) -> None:
     parser.add_argument("--model")
     parser.add_argument("--shape")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument(
+        "--ops",
+        default="kernels",
+        help="which per-op table: kernels (device ops), or host_runtime (the CUDA "
+        "runtime's calls, benchmark/trace_summary.py's served profiles)",
+    )
     args = parser.parse_args(argv)
     profile = json.loads(args.profile.read_text())
-    print(report(profile, args.a, args.b, args.model, args.shape, args.top))
+    print(report(profile, args.a, args.b, args.model, args.shape, args.top, args.ops))
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ prompts, not reported), so kernels built on first use are not timed.
 
     python3 benchmark/serving_prefill_graph.py [--model qwen3-next-80b-a3b-fp8]
         [--modes disabled,breakable,full] [--workloads chat,burst,long,sizes] [--quick]
+        [--profile "1 x 2048 tokens"]  # that run once more under sglang's profiler
     python3 benchmark/serving_prefill_graph.py --plot   # PNG from the committed JSON
     python3 benchmark/serving_prefill_graph.py --recover DIR  # a run cut short
     python3 benchmark/serving_prefill_graph.py --crossover FILE  # sizes: the bound
@@ -459,10 +460,11 @@ def bench(
     out_dir: Path,
     warmup=False,
     client: BenchClient | None = None,
+    profile_dir: Path | None = None,
 ) -> tuple:
     label, inp, outp, ratio, rate, conc, prompts = run
     prompts = max(4, int(prompts * scale))
-    kind = "warmup" if warmup else "run"
+    kind = "warmup" if warmup else "profile" if profile_dir else "run"
     jsonl = out_dir / f"bench_{port}_{kind}_{run_seed(label, warmup)}.jsonl"
     cmd = [
         sys.executable, "-m", "sglang.benchmark.serving",
@@ -476,6 +478,8 @@ def bench(
         "--disable-tqdm",
         "--output-file", str(jsonl),
     ] + (["--max-concurrency", str(conc)] if conc else [])  # fmt: skip
+    if profile_dir:  # the server writes the trace where the client says
+        cmd += ["--profile", "--profile-output-dir", str(profile_dir)]
     status, _ = client.run(cmd[3:]) if client else ("no client", "")
     if status != "ok" or not jsonl.exists():
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -527,15 +531,30 @@ def plan_runs(workloads: list, context_length: int) -> tuple:
     return plan + measured, skipped
 
 
+def run_slug(label: str) -> str:
+    """A run's label as a folder name: "1 x 2048 tokens" -> "1_x_2048_tokens"."""
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", label)
+
+
+def profiled_runs(plan: list, labels: list) -> list:
+    """The measured runs of ``plan`` named in ``labels`` (--profile), each run
+    once more after every measured run, under sglang's torch profiler (its
+    timings, slowed by the profiler, kept apart: the report's "profiled")."""
+    return [(run, False) for run, warmup in plan if not warmup and run[0] in labels]
+
+
 def run_mode(model_dir: Path, mode: str, args, log_dir: Path, entry, save) -> None:
     """Serve ``mode``, fill ``entry`` (the report's entry for it) run by run and
     call ``save()`` after each: a mode cut short keeps what it measured."""
     port = free_port()
     cmd = server_command(model_dir, mode, port, args)
     log_path = log_dir / f"server_{mode}.log"
+    env, profile_dir = dict(os.environ), log_dir / f"profile_{mode}"
+    if getattr(args, "profile", None):  # sglang's profiler's directory
+        env["SGLANG_TORCH_PROFILER_DIR"] = str(profile_dir)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
     entry.update({"server_command": " ".join(cmd), "runs": {}, "warmup": {}})
     plan, skipped = plan_runs(args.workloads, args.context_length)
@@ -560,6 +579,17 @@ def run_mode(model_dir: Path, mode: str, args, log_dir: Path, entry, save) -> No
             print(
                 mode, "warm-up" * warmup, run[0], json.dumps(result)[:300], flush=True
             )
+            save()
+        for run, _ in profiled_runs(plan, getattr(args, "profile", [])):
+            bench_cmd, result = bench(
+                model_dir, port, run, args.scale, log_dir, client=client,
+                profile_dir=profile_dir / run_slug(run[0]),
+            )  # fmt: skip
+            result["trace_dir"] = str(
+                profile_dir.relative_to(log_dir) / run_slug(run[0])
+            )
+            entry.setdefault("profiled", {})[run[0]] = result
+            entry["bench_commands"].append(" ".join(bench_cmd))
             save()
     except SystemExit as exc:  # SIGTERM (exit_on_sigterm): recorded, then re-raised
         entry["error"] = f"stopped by a signal (exit status {exc.code})"
@@ -792,6 +822,13 @@ def main() -> None:
         help="with --crossover: hold full against FILE's full server where it sent "
         "the run eager (its bound below the run) instead of against breakable",
     )
+    parser.add_argument(
+        "--profile",
+        default="",
+        help="comma-separated run labels (e.g. '1 x 2048 tokens') each server runs "
+        "once more under sglang's torch profiler (traces under the logs folder; "
+        "benchmark/trace_summary.py reads them)",
+    )
     parser.add_argument("server_args", nargs="*", help="extra sglang flags, after --")
     args = parser.parse_args()
     if args.plot:
@@ -814,6 +851,13 @@ def main() -> None:
         return
     args.modes = args.modes.split(",")
     args.workloads = args.workloads.split(",")
+    args.profile = [label for label in args.profile.split(",") if label]
+    planned = {run[0] for run, _ in plan_runs(args.workloads, INF)[0]}
+    unknown = [label for label in args.profile if label not in planned]
+    if unknown:
+        sys.exit(
+            f"serving_prefill_graph: --profile {unknown}: not a run of {args.workloads}"
+        )
     args.scale = 0.25 if args.quick else 1.0
     error = client_import_error(BENCH_MODULE)
     if error:

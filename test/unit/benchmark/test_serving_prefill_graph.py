@@ -552,3 +552,92 @@ def test_sigterm_stops_the_server_and_records_why(tmp_path):
         for pid in (proc.pid, server):
             if pid is not None and _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_profiled_run_runs_once_more_after_the_measured_ones(tmp_path, monkeypatch):
+    """--profile LABEL: the server starts with sglang's profiler directory, the
+    run's measured timing stays the unprofiled one, and the same run goes once
+    more after every measured run with sglang.benchmark.serving's --profile into
+    a folder of its own (recorded beside its timing); a label no workload has
+    stops the script before any server."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    bench = load_benchmark("serving_prefill_graph")
+    started, runs = [], []
+
+    class Server:
+        pid, returncode = 4321, 0
+
+        def poll(self):
+            return None
+
+    def popen(cmd, env=None, **kwargs):
+        started.append(env)
+        return Server()
+
+    def fake_bench(model_dir, port, run, scale, out_dir, warmup=False, client=None,
+                   profile_dir=None):  # fmt: skip
+        runs.append((run[0], warmup, profile_dir))
+        return ["cmd"], {
+            "median_ttft_ms": 99.0 if profile_dir else 60.0,
+            "completed": 12,
+        }
+
+    monkeypatch.setattr(bench.subprocess, "Popen", popen)
+    monkeypatch.setattr(bench, "wait_ready", lambda proc, port, timeout: 1.0)
+    monkeypatch.setattr(
+        bench, "BenchClient", lambda: SimpleNamespace(close=lambda: None)
+    )
+    monkeypatch.setattr(bench, "bench", fake_bench)
+    monkeypatch.setattr(bench, "stop_server", lambda proc: None)
+    monkeypatch.setattr(bench.time, "sleep", lambda s: None)
+    args = SimpleNamespace(
+        model="nemotron-h-8b", workloads=["sizes"], context_length=8192, scale=1.0,
+        ready_timeout=1, mem_fraction_static=0.8, server_args=[],
+        profile=["1 x 2048 tokens"],
+    )  # fmt: skip
+    entry = {}
+    bench.run_mode(tmp_path, "full", args, tmp_path, entry, lambda: None)
+    profile_dir = tmp_path / "profile_full"
+    assert started[0]["SGLANG_TORCH_PROFILER_DIR"] == str(profile_dir)
+    assert runs[-1] == ("1 x 2048 tokens", False, profile_dir / "1_x_2048_tokens")
+    assert all(p is None for _, _, p in runs[:-1]) and len(runs) == 10
+    assert entry["runs"]["1 x 2048 tokens"]["median_ttft_ms"] == 60.0
+    profiled = entry["profiled"]["1 x 2048 tokens"]
+    assert (profiled["median_ttft_ms"], profiled["trace_dir"]) == (
+        99.0,
+        "profile_full/1_x_2048_tokens",
+    )
+    monkeypatch.setattr(bench, "client_import_error", lambda module=None: None)
+    monkeypatch.setattr(
+        "sys.argv",
+        ["serving_prefill_graph.py", "--workloads", "sizes", "--profile", "1 x 9 tokens"],
+    )  # fmt: skip
+    with pytest.raises(SystemExit, match="not a run of"):
+        bench.main()
+
+
+def test_bench_asks_for_the_profile_where_the_trace_goes(tmp_path, monkeypatch):
+    """bench(profile_dir=...) adds sglang.benchmark.serving's --profile and its
+    output folder (the server writes the trace where the client says)."""
+    (tmp_path / "fake_serving.py").write_text(FAKE_SERVING)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    bench = load_benchmark("serving_prefill_graph")
+    client = bench.BenchClient("fake_serving")
+    try:
+        run = ("1 x 16 tokens", 16, 1, 1.0, float("inf"), 1, 40)
+        cmd, _ = bench.bench(
+            tmp_path,
+            1234,
+            run,
+            1.0,
+            tmp_path,
+            client=client,
+            profile_dir=tmp_path / "p",
+        )
+        assert cmd[-3:] == ["--profile", "--profile-output-dir", str(tmp_path / "p")]
+        assert "bench_1234_profile_" in cmd[cmd.index("--output-file") + 1]
+    finally:
+        client.close()
