@@ -36,7 +36,7 @@ prompts, not reported), so kernels built on first use are not timed.
 
     python3 benchmark/serving_prefill_graph.py [--model qwen3-next-80b-a3b-fp8]
         [--modes disabled,breakable,full] [--workloads chat,burst,long,sizes] [--quick]
-        [--profile "1 x 2048 tokens"]  # that run once more under sglang's profiler
+        [--profile 1_x_2048_tokens]  # that run once more under sglang's profiler
     python3 benchmark/serving_prefill_graph.py --plot   # PNG from the committed JSON
     python3 benchmark/serving_prefill_graph.py --recover DIR  # a run cut short
     python3 benchmark/serving_prefill_graph.py --crossover FILE  # sizes: the bound
@@ -537,10 +537,15 @@ def run_slug(label: str) -> str:
 
 
 def profiled_runs(plan: list, labels: list) -> list:
-    """The measured runs of ``plan`` named in ``labels`` (--profile), each run
-    once more after every measured run, under sglang's torch profiler (its
-    timings, slowed by the profiler, kept apart: the report's "profiled")."""
-    return [(run, False) for run, warmup in plan if not warmup and run[0] in labels]
+    """The measured runs of ``plan`` named in ``labels`` (--profile; a label or
+    its run_slug, which has no spaces), each run once more after every measured
+    run, under sglang's torch profiler (its timings, slowed by the profiler,
+    kept apart: the report's "profiled")."""
+    return [
+        (run, False)
+        for run, warmup in plan
+        if not warmup and {run[0], run_slug(run[0])} & set(labels)
+    ]
 
 
 def run_mode(model_dir: Path, mode: str, args, log_dir: Path, entry, save) -> None:
@@ -746,7 +751,9 @@ def crossover(
     bound set below them), the base of a run is that server's eager prefill
     instead of ``base``'s: what routing the run would give, on the same kind of
     server. Only its runs whose prefill batches were mostly eager count (the
-    rest replayed the graph there too)."""
+    rest replayed the graph there too; a ValueError if none did: the files
+    swapped, or that server's bound above every run). ``bound`` 0 then says the
+    graph lost the shortest run that counts, not that it lost at 512."""
     runs = []
     for label, _, _, _, _, _, _ in WORKLOADS["sizes"]:
         requests, tokens = map(int, SIZES_LABEL.match(label).groups())
@@ -763,6 +770,8 @@ def crossover(
         except KeyError:
             continue
         runs.append({"label": label, "tokens_per_request": tokens, **ttft})
+    if routed is not None and not runs:
+        raise ValueError(f"no sizes run of the routed report's {graph} ran eager")
     runs.sort(key=lambda r: r["tokens_per_request"])
     tokens = [r["tokens_per_request"] for r in runs]
     first_loss = min(
@@ -825,7 +834,8 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         default="",
-        help="comma-separated run labels (e.g. '1 x 2048 tokens') each server runs "
+        help="comma-separated run labels (e.g. '1 x 2048 tokens', or 1_x_2048_tokens) "
+        "each server runs "
         "once more under sglang's torch profiler (traces under the logs folder; "
         "benchmark/trace_summary.py reads them)",
     )
@@ -834,6 +844,8 @@ def main() -> None:
     if args.plot:
         plot()
         return
+    if args.routed and not args.crossover:
+        parser.error("--routed goes with --crossover")
     if args.crossover:
         report = json.loads(Path(args.crossover).read_text())
         if args.routed:
@@ -852,7 +864,11 @@ def main() -> None:
     args.modes = args.modes.split(",")
     args.workloads = args.workloads.split(",")
     args.profile = [label for label in args.profile.split(",") if label]
-    planned = {run[0] for run, _ in plan_runs(args.workloads, INF)[0]}
+    planned = {
+        name
+        for run, _ in plan_runs(args.workloads, INF)[0]
+        for name in (run[0], run_slug(run[0]))
+    }
     unknown = [label for label in args.profile if label not in planned]
     if unknown:
         sys.exit(

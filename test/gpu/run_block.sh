@@ -52,8 +52,9 @@ for serving_args in "$@"; do
   n=$((n + 1)) name=serving
   [ $n -gt 1 ] && name=serving_$n
   # Leading NAME=value words are that run's environment (e.g. a probe switch).
-  run_env=() flags=()
-  for word in $serving_args; do
+  run_env=() flags=() words=()
+  read -ra words <<<"$serving_args"
+  for word in "${words[@]}"; do
     if [ ${#flags[@]} -eq 0 ] && [[ $word =~ ^[A-Za-z_][A-Za-z0-9_]*= ]]; then
       run_env+=("$word")
     else

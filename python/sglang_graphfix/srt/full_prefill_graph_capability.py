@@ -206,21 +206,24 @@ def mamba2_request_buckets(num_tokens: int, slots: int) -> tuple[int, ...]:
 # NEMOTRON_H_MOE_LAYERS_CAPTURED; GraniteMoeHybrid; breakable elsewhere:
 # MAMBA2_FULL_BEATS_BREAKABLE), so a batch routed eager runs sglang's default
 # kernels for it. Served at Nemotron-H-8B's dimensions on an H200, median time to
-# first token in ms of 12 prompts (48 for four at a time), three servers one after
+# first token in ms of 12 prompts (48 for four at a time), servers one after
 # another (benchmark/results/gpu/serving_2026-12-04/): full with no bound (graph),
-# full with a bound of 512 (the runs above it routed eager) and breakable (eager on
-# this model):
+# a second full server with a bound of 512 (the runs above it routed eager) and
+# breakable (eager on this model):
 #   tokens a prompt     512   768  1024  1536  2048  3072  4 x 512  4 x 1024
 #   graph              30.0  44.8  53.1  66.6  81.3 105.8     80.9     141.1
 #   routed eager          -  66.0  71.4  80.5  77.9 100.6        -     149.2
 #   breakable (eager)  92.9  89.8  87.8  61.8  66.1  87.3    117.3     137.9
-# The graph first lost to routed eager at 2048 tokens (`python3
+# The graph's median first lost to routed eager at 2048 tokens (`python3
 # benchmark/serving_prefill_graph.py --crossover <no bound>.json --routed
-# <bound 512>.json`), so the bound is 1536. Against breakable's server both lost
-# from 1536 tokens (and the graph 4 x 1024 by 3.2 ms): that server's eager prefill
-# was 12-19 ms faster than the full server's at 1536-3072 tokens and 16-24 ms
-# slower at 768-1024, the same kernels and flags either side (not profiled: the
-# open part of issue 16's "never slower"). Earlier, up to 512 tokens with request
+# <bound 512>.json`), so the bound is 1536. That loss is 3.4 ms on the median
+# only (means 81.5 vs 84.7 and p99 82.6 vs 103.6 favour the graph; at 3072 routed
+# eager won on both), one server each, within the spread between servers below:
+# 1536 against 2048 is not settled. Against breakable's server both lost from 1536
+# tokens (and the graph 4 x 1024 by 3.2 ms): that server's eager prefill was 12-19
+# ms faster than the full server's at 1536-3072 tokens and 16-24 ms slower at
+# 768-1024, with the same kernels and launch flags (not profiled: the open part of
+# issue 16's "never slower"). Earlier, up to 512 tokens with request
 # buckets (serving_2026-12-03/), full's median was below eager's at every bursts'
 # and chat workload; its p99 was above eager's at saturation only (853.6 vs 786.3
 # ms), which this bound does not address. Applies to every Mamba2 full graph

@@ -231,7 +231,8 @@ def test_crossover_against_routed_eager_reads_the_runs_that_server_sent_eager(
             "prefill_batches": {"graph": graph, "eager": eager},
         }
 
-    graph = {"1 x 512 tokens": 30.0, "1 x 1024 tokens": 53.0, "4 x 1024 tokens": 141.0,
+    graph = {"1 x 512 tokens": 30.0, "1 x 768 tokens": 44.0, "1 x 1024 tokens": 53.0,
+             "4 x 1024 tokens": 141.0,
              "1 x 1536 tokens": 66.0, "1 x 2048 tokens": 81.0, "1 x 3072 tokens": 105.0}  # fmt: skip
     report = {
         "modes": {
@@ -245,6 +246,7 @@ def test_crossover_against_routed_eager_reads_the_runs_that_server_sent_eager(
             "full": {
                 "runs": {
                     "1 x 512 tokens": run(20.0, graph=16, eager=0),  # replayed there
+                    "1 x 768 tokens": run(10.0, graph=7, eager=7),  # not mostly eager
                     "1 x 1024 tokens": run(71.0, graph=2),
                     "4 x 1024 tokens": run(149.0, graph=0, eager=26),
                     "1 x 1536 tokens": run(80.0, graph=2),
@@ -268,6 +270,12 @@ def test_crossover_against_routed_eager_reads_the_runs_that_server_sent_eager(
     bench.main()
     printed = json.loads(capsys.readouterr().out)
     assert (printed["base"], printed["bound"]) == ("routed eager", 1536)
+    # Nothing ran eager there (the files swapped): an error, not "never lost".
+    with pytest.raises(ValueError, match="ran eager"):
+        bench.crossover(routed, base="routed eager", routed=report)
+    monkeypatch.setattr("sys.argv", ["serving_prefill_graph.py", "--routed", "x.json"])
+    with pytest.raises(SystemExit):
+        bench.main()
 
 
 class _Args:
@@ -562,8 +570,6 @@ def test_a_profiled_run_runs_once_more_after_the_measured_ones(tmp_path, monkeyp
     stops the script before any server."""
     from types import SimpleNamespace
 
-    import pytest
-
     bench = load_benchmark("serving_prefill_graph")
     started, runs = [], []
 
@@ -596,7 +602,7 @@ def test_a_profiled_run_runs_once_more_after_the_measured_ones(tmp_path, monkeyp
     args = SimpleNamespace(
         model="nemotron-h-8b", workloads=["sizes"], context_length=8192, scale=1.0,
         ready_timeout=1, mem_fraction_static=0.8, server_args=[],
-        profile=["1 x 2048 tokens"],
+        profile=["1_x_2048_tokens"],  # a label's slug, as run_block.sh passes it
     )  # fmt: skip
     entry = {}
     bench.run_mode(tmp_path, "full", args, tmp_path, entry, lambda: None)

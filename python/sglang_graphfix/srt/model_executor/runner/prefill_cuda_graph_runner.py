@@ -475,12 +475,12 @@ def _smallest_bucket_for(runner, num_tokens) -> int | None:
 #          prefill graph, a batch of more new tokens per request, on average,
 #          than capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST (1536 as
 #          shipped) runs eager.
-# Why:     Served at Nemotron-H-8B's dimensions on an H200, the full graph was
-#          slower than the same server's eager prefill for one prompt of 2048
-#          or 3072 tokens (81.3 vs 77.9 and 105.8 vs 100.6 ms median time to
-#          first token; faster up to 1536: the capability's table), and the
-#          full graph runs Mamba2 models only where sglang's own prefill is
-#          eager.
+# Why:     Served at Nemotron-H-8B's dimensions on an H200, the full graph's
+#          median time to first token for one prompt of 2048 or 3072 tokens was
+#          above that of a second full server that ran them eager (81.3 vs 77.9
+#          and 105.8 vs 100.6 ms; below it up to 1536: the capability's
+#          table), and the full graph runs Mamba2 models only where sglang's own
+#          prefill is eager.
 # How:     Before upstream (and before replay_small_batches_in_smallest_bucket
 #          rewrites a tiny batch's tokens): on a full graph whose
 #          linear-attention backend is Mamba2's, False for a batch over the
