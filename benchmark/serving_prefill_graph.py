@@ -481,6 +481,9 @@ def bench(
     if profile_dir:  # the server writes the trace where the client says
         cmd += ["--profile", "--profile-output-dir", str(profile_dir)]
     status, _ = client.run(cmd[3:]) if client else ("no client", "")
+    if profile_dir and (status != "ok" or not jsonl.exists()):
+        # No second try: it would leave a second trace beside the first.
+        return cmd, {"error": f"the profiled run failed ({status})"}
     if status != "ok" or not jsonl.exists():
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if done.returncode != 0 or not jsonl.exists():
@@ -557,6 +560,9 @@ def run_mode(model_dir: Path, mode: str, args, log_dir: Path, entry, save) -> No
     env, profile_dir = dict(os.environ), log_dir / f"profile_{mode}"
     if getattr(args, "profile", None):  # sglang's profiler's directory
         env["SGLANG_TORCH_PROFILER_DIR"] = str(profile_dir)
+        # Device ops and runtime calls only: no Python tracer (the idle
+        # scheduler's loop would fill the trace) and no input shapes.
+        env["SGLANG_PROFILE_WITH_STACK"] = env["SGLANG_PROFILE_RECORD_SHAPES"] = "0"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
@@ -586,13 +592,19 @@ def run_mode(model_dir: Path, mode: str, args, log_dir: Path, entry, save) -> No
             )
             save()
         for run, _ in profiled_runs(plan, getattr(args, "profile", [])):
+            offset = log_path.stat().st_size
             bench_cmd, result = bench(
                 model_dir, port, run, args.scale, log_dir, client=client,
                 profile_dir=profile_dir / run_slug(run[0]),
             )  # fmt: skip
+            with open(log_path, errors="replace") as log:
+                log.seek(offset)
+                result["prefill_batches"] = prefill_batches(log.read())
+            # Under the report's logs folder (where $OUT is), and where it was.
             result["trace_dir"] = str(
                 profile_dir.relative_to(log_dir) / run_slug(run[0])
             )
+            result["trace_path"] = str(profile_dir / run_slug(run[0]))
             entry.setdefault("profiled", {})[run[0]] = result
             entry["bench_commands"].append(" ".join(bench_cmd))
             save()
@@ -649,7 +661,7 @@ def recover(folder: Path) -> dict:
     logs = folder / "logs"
     found = {}
     for path in sorted(logs.glob("bench_*.jsonl")):
-        if "_warmup_" in path.name:
+        if "_warmup_" in path.name or "_profile_" in path.name:
             continue
         row = json.loads(path.read_text().splitlines()[-1])
         label = workload_of(row)

@@ -11,8 +11,8 @@ Per server (its report's mode; "mode (folder)" where two reports have one mode)
 and profiled run, divided by the run's completed requests (one prefill forward
 each for one prompt at a time and one output token): "kernels", every device
 op's ms and calls; "device_busy_ms", the union of device-op intervals;
-"host_runtime", the CUDA runtime calls' ms and calls (launches, synchronisations,
-copies); "wall_ms", the profiled run's median time to first token, and
+"host_runtime", the CUDA runtime's and driver's calls' ms and calls (launches,
+Triton's through the driver, synchronisations, copies); "wall_ms", the profiled run's median time to first token, and
 "wall_ms_unprofiled", the measured run's.
 """
 
@@ -23,13 +23,17 @@ import sys
 from pathlib import Path
 
 DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
+HOST_CATEGORIES = {"cuda_runtime", "cuda_driver"}  # Triton launches via the driver
 
 
 def load_events(folder: Path) -> list:
     """Every complete event ("ph" X) of the traces under ``folder`` (sglang
-    writes one per rank, .trace.json.gz, in a folder the client names)."""
-    events = []
-    for path in sorted(folder.rglob("*.trace.json*")):
+    writes one per rank, .trace.json.gz, in a folder the client names); an
+    error where there is none."""
+    events, paths = [], sorted(folder.rglob("*.trace.json*"))
+    if not paths:
+        raise FileNotFoundError(f"no *.trace.json* under {folder}")
+    for path in paths:
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rt") as f:
             trace = json.load(f)
@@ -58,7 +62,7 @@ def summarize(events: list, requests: int) -> dict:
         if cat in DEVICE_CATEGORIES:
             table = kernels
             intervals.append((float(e["ts"]), float(e["ts"]) + dur))
-        elif cat == "cuda_runtime":
+        elif cat in HOST_CATEGORIES:
             table = runtime
         else:
             continue
@@ -88,7 +92,12 @@ def served_profiles(report_paths: list) -> dict:
         for mode, entry in report["modes"].items():
             name = mode if mode not in servers else f"{mode} ({path.parent.name})"
             for label, run in (entry.get("profiled") or {}).items():
-                events = load_events(path.parent / "logs" / run["trace_dir"])
+                if "error" in run:
+                    raise ValueError(f"{path}: {mode} {label}: {run['error']}")
+                folder = path.parent / "logs" / run["trace_dir"]
+                if not folder.exists() and run.get("trace_path"):
+                    folder = Path(run["trace_path"])  # a report kept elsewhere
+                events = load_events(folder)
                 summary = summarize(events, run.get("completed") or 1)
                 summary["wall_ms"] = run.get("median_ttft_ms")
                 measured = entry.get("runs", {}).get(label, {})

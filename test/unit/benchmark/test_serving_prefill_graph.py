@@ -608,6 +608,9 @@ def test_a_profiled_run_runs_once_more_after_the_measured_ones(tmp_path, monkeyp
     bench.run_mode(tmp_path, "full", args, tmp_path, entry, lambda: None)
     profile_dir = tmp_path / "profile_full"
     assert started[0]["SGLANG_TORCH_PROFILER_DIR"] == str(profile_dir)
+    # Device ops and runtime calls only: no Python tracer, no shapes.
+    assert started[0]["SGLANG_PROFILE_WITH_STACK"] == "0"
+    assert started[0]["SGLANG_PROFILE_RECORD_SHAPES"] == "0"
     assert runs[-1] == ("1 x 2048 tokens", False, profile_dir / "1_x_2048_tokens")
     assert all(p is None for _, _, p in runs[:-1]) and len(runs) == 10
     assert entry["runs"]["1 x 2048 tokens"]["median_ttft_ms"] == 60.0
@@ -616,6 +619,14 @@ def test_a_profiled_run_runs_once_more_after_the_measured_ones(tmp_path, monkeyp
         99.0,
         "profile_full/1_x_2048_tokens",
     )
+    assert profiled["trace_path"] == str(profile_dir / "1_x_2048_tokens")
+    assert "prefill_batches" in profiled
+    # Without --profile the server gets no profiler settings.
+    monkeypatch.delenv("SGLANG_TORCH_PROFILER_DIR", raising=False)
+    args.profile = []
+    bench.run_mode(tmp_path, "full", args, tmp_path, {}, lambda: None)
+    assert "SGLANG_TORCH_PROFILER_DIR" not in started[1]
+    assert runs[-1][2] is None
     monkeypatch.setattr(bench, "client_import_error", lambda module=None: None)
     monkeypatch.setattr(
         "sys.argv",
@@ -647,3 +658,6 @@ def test_bench_asks_for_the_profile_where_the_trace_goes(tmp_path, monkeypatch):
         assert "bench_1234_profile_" in cmd[cmd.index("--output-file") + 1]
     finally:
         client.close()
+    # A failed profiled run is not run again (a second trace would join the first).
+    _, result = bench.bench(tmp_path, 1234, run, 1.0, tmp_path, profile_dir=tmp_path)
+    assert result == {"error": "the profiled run failed (no client)"}

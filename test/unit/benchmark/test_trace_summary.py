@@ -59,6 +59,7 @@ def test_per_request_device_and_host_time_of_two_servers(tmp_path, capsys):
             _kernel("conv", 50, 100),  # overlaps the first: busy 150 us, not 200
             _kernel("memcpy", 1000, 50, cat="gpu_memcpy"),
             _kernel("cudaStreamSynchronize", 0, 4000, cat="cuda_runtime"),
+            _kernel("cuLaunchKernelEx", 0, 8, cat="cuda_driver"),  # Triton's launch
             _kernel("aten::mm", 0, 9000, cat="cpu_op"),
         ],
         requests=2,
@@ -83,7 +84,10 @@ def test_per_request_device_and_host_time_of_two_servers(tmp_path, capsys):
     assert run["kernels"] == {"conv": [0.1, 1.0], "memcpy": [0.025, 0.5]}
     assert run["device_busy_ms"] == 0.1  # (150 + 50) us over 2 requests
     assert run["device_ops_per_forward"] == 1.5
-    assert run["host_runtime"] == {"cudaStreamSynchronize": [2.0, 0.5]}
+    assert run["host_runtime"] == {
+        "cudaStreamSynchronize": [2.0, 0.5],
+        "cuLaunchKernelEx": [0.004, 0.5],
+    }
     assert (run["wall_ms"], run["wall_ms_unprofiled"]) == (90.0, 80.0)
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(profile))
@@ -96,3 +100,21 @@ def test_per_request_device_and_host_time_of_two_servers(tmp_path, capsys):
     )  # fmt: skip
     out = capsys.readouterr().out
     assert "cudaStreamSynchronize" in out and "cudaLaunchKernel" in out
+
+
+def test_a_profiled_run_without_a_trace_is_an_error(tmp_path):
+    """No trace where the report says (the profiler never started), or a
+    profiled run that failed: an error, not a summary of zeros."""
+    import pytest
+
+    summary = load_benchmark("trace_summary")
+    report = _report(tmp_path / "a", "full", [_kernel("conv", 0, 100)], 1, 60.0, 61.0)
+    for trace in (tmp_path / "a" / "logs").rglob("*.trace.json.gz"):
+        trace.unlink()
+    with pytest.raises(FileNotFoundError, match="no \\*.trace.json"):
+        summary.served_profiles([report])
+    data = json.loads(report.read_text())
+    data["modes"]["full"]["profiled"]["1 x 2048 tokens"]["error"] = "server gone"
+    report.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="server gone"):
+        summary.served_profiles([report])
