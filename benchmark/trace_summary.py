@@ -22,6 +22,9 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent / "timer"))
+from graphfix_bench_timer import busy_us  # noqa: E402  (the profiled forwards' union)
+
 DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
 HOST_CATEGORIES = {"cuda_runtime", "cuda_driver"}  # Triton launches via the driver
 
@@ -39,17 +42,6 @@ def load_events(folder: Path) -> list:
             trace = json.load(f)
         events += [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
     return events
-
-
-def _busy_us(intervals: list) -> float:
-    """The length of the union of [start, end) intervals."""
-    busy, end = 0.0, float("-inf")
-    for start, stop in sorted(intervals):
-        if stop <= end:
-            continue
-        busy += stop - max(start, end)
-        end = stop
-    return busy
 
 
 def summarize(events: list, requests: int) -> dict:
@@ -76,7 +68,7 @@ def summarize(events: list, requests: int) -> dict:
 
     return {
         "requests": requests,
-        "device_busy_ms": round(_busy_us(intervals) / 1000.0 * per, 4),
+        "device_busy_ms": round(busy_us(intervals) / 1000.0 * per, 4),
         "device_ops_per_forward": round(len(intervals) * per, 1),
         "kernels": scaled(kernels),
         "host_runtime": scaled(runtime),

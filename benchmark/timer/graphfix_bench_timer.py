@@ -195,6 +195,17 @@ def install_markers(markers=None, active=_Active) -> tuple:
     return installed, missing
 
 
+def busy_us(intervals) -> float:
+    """The length of the union of (start, end) intervals: overlapping device
+    ops counted once."""
+    busy, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
+    return busy
+
+
 def forward_stats(events) -> dict:
     """One profiled forward's events (a FunctionEvent list) reduced to sums:
     CPU self time per op name, device time per kernel name, the union of the
@@ -222,17 +233,12 @@ def forward_stats(events) -> dict:
             dev[e.name] += end - start
             dev_calls[e.name] += 1
             intervals.append((start, end))
-    busy, reach = 0.0, float("-inf")
-    for start, end in sorted(intervals):
-        if end > reach:
-            busy += end - max(start, reach)
-            reach = end
     return {
         "cpu_self_us": cpu_self,
         "cpu_calls": cpu_calls,
         "device_us": dev,
         "device_calls": dev_calls,
-        "device_busy_us": busy,
+        "device_busy_us": busy_us(intervals),
         "marker_us": markers,
         "marker_calls": marker_calls,
     }
