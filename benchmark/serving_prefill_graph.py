@@ -312,6 +312,13 @@ def prefill_batches(log: str) -> dict:
     return counts
 
 
+def prefill_batches_since(log_path: Path, offset: int) -> dict:
+    """prefill_batches() of what the server logged from byte ``offset`` on."""
+    with open(log_path, errors="replace") as log:
+        log.seek(offset)
+        return prefill_batches(log.read())
+
+
 def log_facts(log: str) -> dict:
     facts = {}
     for key, pattern in LOG_FACTS.items():
@@ -582,9 +589,7 @@ def run_mode(model_dir: Path, mode: str, args, log_dir: Path, entry, save) -> No
             bench_cmd, result = bench(
                 model_dir, port, run, args.scale, log_dir, warmup, client
             )
-            with open(log_path, errors="replace") as log:
-                log.seek(offset)
-                result["prefill_batches"] = prefill_batches(log.read())
+            result["prefill_batches"] = prefill_batches_since(log_path, offset)
             entry["warmup" if warmup else "runs"][run[0]] = result
             entry.setdefault("bench_commands", []).append(" ".join(bench_cmd))
             print(
@@ -592,19 +597,15 @@ def run_mode(model_dir: Path, mode: str, args, log_dir: Path, entry, save) -> No
             )
             save()
         for run, _ in profiled_runs(plan, getattr(args, "profile", [])):
-            offset = log_path.stat().st_size
+            offset, traces = log_path.stat().st_size, profile_dir / run_slug(run[0])
             bench_cmd, result = bench(
                 model_dir, port, run, args.scale, log_dir, client=client,
-                profile_dir=profile_dir / run_slug(run[0]),
+                profile_dir=traces,
             )  # fmt: skip
-            with open(log_path, errors="replace") as log:
-                log.seek(offset)
-                result["prefill_batches"] = prefill_batches(log.read())
+            result["prefill_batches"] = prefill_batches_since(log_path, offset)
             # Under the report's logs folder (where $OUT is), and where it was.
-            result["trace_dir"] = str(
-                profile_dir.relative_to(log_dir) / run_slug(run[0])
-            )
-            result["trace_path"] = str(profile_dir / run_slug(run[0]))
+            result["trace_dir"] = str(traces.relative_to(log_dir))
+            result["trace_path"] = str(traces)
             entry.setdefault("profiled", {})[run[0]] = result
             entry["bench_commands"].append(" ".join(bench_cmd))
             save()
