@@ -12,8 +12,9 @@ layers: 36 GDN + 12 attention, hidden 2048, 512 experts top-10, vocab 151936)
 with the FP8 checkpoint's block quantization ([128, 128], e4m3), --load-format
 dummy (speed only: every output is noise). `falcon-h1-7b`: Falcon-H1-7B's
 (Mamba2 beside attention in 44 layers, bfloat16) and `nemotron-h-8b`:
-Nemotron-H-8B-Base's (Mamba2, attention and MLP layers, 8 groups), every mode with
---attention-backend flashinfer (the Mamba2 full graph's checked backend). `tiny`: test/tiny_configs.py's 4-layer
+Nemotron-H-8B-Base's (Mamba2, attention and MLP layers, 8 groups) and
+`granite-4.0-h-micro`: Granite-4.0-H-Micro's layout (dense, Mamba2 and attention
+9:1), every mode with --attention-backend flashinfer (the Mamba2 full graph's checked backend). `tiny`: test/tiny_configs.py's 4-layer
 Qwen3-Next, for a dry run of this script. A synthetic word-level tokenizer of the
 model's vocabulary is written beside the config (no hub access); prompts are
 random token ids (dataset random-ids, --tokenize-prompt).
@@ -199,16 +200,60 @@ def nemotron_h_8b(path: Path) -> None:
     config.save_pretrained(path)
 
 
+def granite_4_h_micro(path: Path) -> None:
+    """Granite-4.0-H-Micro's layout (IBM's 3B dense hybrid), with the dimensions of
+    a public GraniteMoeHybrid config.json of that shape (anuj6316/granite on the
+    Hugging Face hub; IBM's own file was not reachable from here): 40 layers, Mamba2
+    but for attention at layers 5, 15, 25 and 35 (32 / 8 heads of 64, no position
+    embedding), a dense MLP of 8192 in every layer and no experts, hidden 2048,
+    Mamba2 with 64 heads of 64 in one group, state 128, chunk 256; vocab 100352,
+    bfloat16. sglang 0.5.23 captures no prefill graph for it (its Mamba2 layers
+    hold no attention module), so breakable runs eager here."""
+    from transformers import GraniteMoeHybridConfig
+
+    config = GraniteMoeHybridConfig(
+        vocab_size=100352,
+        hidden_size=2048,
+        intermediate_size=8192,
+        shared_intermediate_size=8192,
+        num_hidden_layers=40,
+        layer_types=[
+            "full_attention" if i % 10 == 5 else "linear_attention" for i in range(40)
+        ],
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        num_local_experts=0,
+        num_experts_per_tok=0,
+        position_embedding_type="nope",
+        mamba_n_heads=64,
+        mamba_d_head=64,
+        mamba_n_groups=1,
+        mamba_d_state=128,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_chunk_size=256,
+        max_position_embeddings=131072,
+        tie_word_embeddings=True,
+        bos_token_id=100257,
+        eos_token_id=100257,
+        pad_token_id=100256,
+    )
+    config.architectures = ["GraniteMoeHybridForCausalLM"]
+    config.dtype = "bfloat16"
+    config.save_pretrained(path)
+
+
 MODELS = {
     "qwen3-next-80b-a3b-fp8": qwen3_next_80b_a3b_fp8,
     "falcon-h1-7b": falcon_h1_7b,
     "nemotron-h-8b": nemotron_h_8b,
+    "granite-4.0-h-micro": granite_4_h_micro,
     "tiny": tiny_qwen3_next,
 }
 # Flags a model's servers get in every mode (before the command line's own).
 SERVER_ARGS = {
     model: ["--attention-backend", "flashinfer"]
-    for model in ("falcon-h1-7b", "nemotron-h-8b")
+    for model in ("falcon-h1-7b", "nemotron-h-8b", "granite-4.0-h-micro")
 }
 
 

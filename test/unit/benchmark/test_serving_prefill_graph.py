@@ -56,6 +56,34 @@ def test_served_falcon_h1_full_mode_is_what_users_get(tmp_path, monkeypatch):
     assert command[-2:] == flags
 
 
+def test_served_granite_is_a_dense_hybrid_whose_full_graph_captures(tmp_path):
+    """The Granite-4.0-H-Micro layout loads through sglang's own config as 36
+    Mamba2 and 4 attention layers, no experts and no position embedding, and its
+    full mode resolves to the full graph with the flags every mode gets (sglang
+    itself finds no prefill graph for it: breakable runs eager)."""
+    from resolution import prefill_backend, resolved
+
+    from sglang.srt.configs.granitemoehybrid import GraniteMoeHybridConfig
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    bench = load_benchmark("serving_prefill_graph")
+    bench.granite_4_h_micro(tmp_path)
+    config = GraniteMoeHybridConfig.from_pretrained(tmp_path)
+    assert [i for i, t in enumerate(config.layer_types) if t != "mamba"] == [
+        5,
+        15,
+        25,
+        35,
+    ]
+    assert config.num_local_experts == 0 and config.position_embedding_type == "nope"
+    assert bench.default_context_length(tmp_path) == bench.CONTEXT_LENGTH
+    flags = bench.SERVER_ARGS["granite-4.0-h-micro"]
+    args = resolved(
+        str(tmp_path), cuda_graph_backend_prefill="full", attention_backend=flags[1]
+    )
+    assert prefill_backend(args) == Backend.FULL
+
+
 def test_servers_get_a_context_the_model_holds(tmp_path):
     """Nemotron-H-8B's config sets 8192 positions; sglang refuses a longer
     --context-length than the model's, so its servers get 8192 unless told."""
