@@ -12,7 +12,8 @@
 # (OUT=RES/pre; its output in RES/pre.log), e.g. a kernel microbenchmark; POST
 # likewise last (OUT=RES/post, RES/post.log), e.g. a profile. PRE_TIMEOUT and
 # POST_TIMEOUT bound them (seconds, default 900). RES/gpu_clocks.csv: nvidia-smi's
-# clocks, power and utilisation, once a second.
+# clocks, power and utilisation, once a second; RES/triton_autotune: Triton's
+# cached autotuning choices.
 #   GRAPHFIX_COMMIT=<sha> RES=/tmp/res bash test/gpu/run_block.sh \
 #       "first_module.py" "module_a.py module_b.py" "--quick --modes breakable,full" \
 #       "--model falcon-h1-7b --quick"
@@ -23,6 +24,18 @@ mkdir -p "$res"
 first=$1 side_by_side=$2
 shift 2
 stamp() { echo "$(date -u +%H:%M:%S) $*" >>"$res/progress.log"; }
+# Triton's autotuned configs (sglang's Mamba2 SSD kernels tune on their static
+# dimensions only, and Triton caches the choice on disk: the first process on the
+# machine to meet a key picks the config every later server runs). Each tuning
+# prints its choice (servers: into their logs), and the cached choices are kept
+# in RES/triton_autotune after each step.
+export TRITON_PRINT_AUTOTUNING=1
+keep_autotune() {
+  local cache=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
+  [ -d "$cache" ] || return 0
+  mkdir -p "$res/triton_autotune"
+  (cd "$cache" && find . -name '*.autotune.json' -exec cp --parents {} "$res/triton_autotune/" \;)
+}
 stamp "start ${GRAPHFIX_COMMIT:-unset}"
 # The GPU's clocks and power once a second for the whole block (timings of servers
 # run one after another differ: whether the GPU's state does too).
@@ -41,11 +54,13 @@ if [ -n "$first" ]; then
   OUT="$res/first" timeout 900 python3 -m pytest $first -q -rA -p no:cacheprovider \
     >"$res/first.log" 2>&1
   stamp "first rc=$?"
+  keep_autotune
 fi
 if [ -n "$side_by_side" ]; then
   OUT="$res/suite" PYTEST_ARGS=-s SUITE_TIMEOUT=${SUITE_TIMEOUT:-1200} bash test/gpu/run_suite.sh \
     $side_by_side >"$res/suite.out" 2>&1
   stamp "suite rc=$?"
+  keep_autotune
 fi
 n=0
 for serving_args in "$@"; do
@@ -64,6 +79,7 @@ for serving_args in "$@"; do
   env SGLANG_ENABLE_JIT_DEEPGEMM=0 OUT="$res/$name" "${run_env[@]}" \
     python3 benchmark/serving_prefill_graph.py "${flags[@]}" >"$res/$name.out" 2>&1
   stamp "$name ($serving_args) rc=$?"
+  keep_autotune
 done
 if [ -n "${POST:-}" ]; then
   mkdir -p "$res/post"
