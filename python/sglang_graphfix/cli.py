@@ -652,8 +652,17 @@ def graphfix_outcome(plan: Plan) -> Outcome:
                 f"(prefill kernel {support.linear_prefill_kernel})"
             )
         elif support.linear_attention == MAMBA2_FAMILY:
+            from sglang.srt.arg_groups.overrides import model_config_of
+            from sglang_graphfix.srt.full_prefill_graph_capability import (
+                mamba_mixer_of_config,
+            )
+
+            mixer = mamba_mixer_of_config(model_config_of(args))
             notes.append(
-                "Mamba2 extend (MambaMixer2) captured in the full prefill graph"
+                "short-conv extend (sglang's conv kernel) captured in the full "
+                "prefill graph"
+                if mixer == "lfm2"
+                else "Mamba2 extend (MambaMixer2) captured in the full prefill graph"
             )
     return Outcome(True, runs.text + "".join(f"; {n}" for n in notes))
 

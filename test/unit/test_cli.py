@@ -581,6 +581,8 @@ def test_the_plan_names_the_request_buckets_of_a_mamba2_full_graph(
     )  # fmt: skip
     assert status == 0 and "prefill CUDA graph  full" in out
     assert "request buckets" not in out
+    assert "short-conv extend (sglang's conv kernel) captured" in " ".join(out.split())
+    assert "MambaMixer2" not in out
     status, out = explain(
         capsys, "--sample", "falcon-h1", "--cuda-graph-backend-prefill", "full",
         "--attention-backend", "flashinfer",
