@@ -14,7 +14,7 @@ dummy (speed only: every output is noise). `falcon-h1-7b`: Falcon-H1-7B's
 (Mamba2 beside attention in 44 layers, bfloat16) and `nemotron-h-8b`:
 Nemotron-H-8B-Base's (Mamba2, attention and MLP layers, 8 groups) and
 `granite-4.0-h-micro`: Granite-4.0-H-Micro's layout (dense, Mamba2 and attention
-9:1), every mode with --attention-backend flashinfer (the Mamba2 full graph's checked backend). `tiny`: test/tiny_configs.py's 4-layer
+9:1) and `lfm2-2.6b`: LFM2-2.6B's (short conv and attention), every mode with --attention-backend flashinfer (the Mamba2 full graph's checked backend). `tiny`: test/tiny_configs.py's 4-layer
 Qwen3-Next, for a dry run of this script. A synthetic word-level tokenizer of the
 model's vocabulary is written beside the config (no hub access); prompts are
 random token ids (dataset random-ids, --tokenize-prompt).
@@ -243,17 +243,47 @@ def granite_4_h_micro(path: Path) -> None:
     config.save_pretrained(path)
 
 
+def lfm2_2_6b(path: Path) -> None:
+    """LFM2-2.6B's layout, with the dimensions of Liquid AI's own config.json of
+    that architecture (LiquidAI/LFM2-2.6B-Transcript-ONNX on the Hugging Face
+    hub): 30 layers, short conv (cache 3) but for attention at layers 2, 5, 9,
+    13, 17, 21, 24 and 27 (32 / 8 heads of 64), hidden 2048, MLP 10752 in every
+    layer, vocab 65536, bfloat16. sglang 0.5.23 captures no prefill graph for it
+    (its conv layers hold no attention module), so breakable runs eager here."""
+    from sglang.srt.configs import Lfm2Config
+
+    attention = {2, 5, 9, 13, 17, 21, 24, 27}
+    config = Lfm2Config(
+        vocab_size=65536,
+        hidden_size=2048,
+        intermediate_size=10752,
+        block_auto_adjust_ff_dim=False,
+        num_hidden_layers=30,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        layer_types=["full_attention" if i in attention else "conv" for i in range(30)],
+        conv_L_cache=3,
+        conv_bias=False,
+        max_position_embeddings=128000,
+        tie_word_embeddings=True,
+    )
+    config.architectures = ["Lfm2ForCausalLM"]
+    config.dtype = "bfloat16"
+    config.save_pretrained(path)
+
+
 MODELS = {
     "qwen3-next-80b-a3b-fp8": qwen3_next_80b_a3b_fp8,
     "falcon-h1-7b": falcon_h1_7b,
     "nemotron-h-8b": nemotron_h_8b,
     "granite-4.0-h-micro": granite_4_h_micro,
+    "lfm2-2.6b": lfm2_2_6b,
     "tiny": tiny_qwen3_next,
 }
 # Flags a model's servers get in every mode (before the command line's own).
 SERVER_ARGS = {
     model: ["--attention-backend", "flashinfer"]
-    for model in ("falcon-h1-7b", "nemotron-h-8b", "granite-4.0-h-micro")
+    for model in ("falcon-h1-7b", "nemotron-h-8b", "granite-4.0-h-micro", "lfm2-2.6b")
 }
 
 

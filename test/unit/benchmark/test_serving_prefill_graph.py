@@ -84,6 +84,28 @@ def test_served_granite_is_a_dense_hybrid_whose_full_graph_captures(tmp_path):
     assert prefill_backend(args) == Backend.FULL
 
 
+def test_served_lfm2_is_short_conv_whose_full_graph_captures(tmp_path):
+    """The LFM2-2.6B layout loads through sglang's own config as 22 short-conv
+    and 8 attention layers with an MLP of 10752 (no auto-adjust), and its full
+    mode resolves to the full graph with the flags every mode gets."""
+    from resolution import prefill_backend, resolved
+
+    from sglang.srt.configs import Lfm2Config
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    bench = load_benchmark("serving_prefill_graph")
+    bench.lfm2_2_6b(tmp_path)
+    config = Lfm2Config.from_pretrained(tmp_path)
+    assert config.full_attention_layer_ids == [2, 5, 9, 13, 17, 21, 24, 27]
+    assert len(config.linear_layer_ids) == 22
+    assert (config.intermediate_size, config.block_auto_adjust_ff_dim) == (10752, False)
+    flags = bench.SERVER_ARGS["lfm2-2.6b"]
+    args = resolved(
+        str(tmp_path), cuda_graph_backend_prefill="full", attention_backend=flags[1]
+    )
+    assert prefill_backend(args) == Backend.FULL
+
+
 def test_servers_get_a_context_the_model_holds(tmp_path):
     """Nemotron-H-8B's config sets 8192 positions; sglang refuses a longer
     --context-length than the model's, so its servers get 8192 unless told."""
