@@ -35,6 +35,26 @@ def only_one_side_ms(rows: list) -> tuple:
     return round(only_a, 4), round(only_b, 4)
 
 
+def forward_lines(fa: dict, fb: dict) -> list:
+    """trace_summary's per-prefill-forward medians of both sides, a line each
+    (none where neither side has them)."""
+    if not (fa or fb):
+        return []
+
+    def count(f):
+        return f"{f.get('prefill_forwards')} ({f.get('graph_forwards')} replayed)"
+
+    return [f"  prefill forwards: {count(fa)} vs {count(fb)}"] + [
+        f"  per prefill forward, {label}: {fa.get(key)} vs {fb.get(key)}"
+        for label, key in (
+            ("host ms", "host_ms"),
+            ("device span ms", "device_span_ms"),
+            ("device busy ms", "device_busy_ms"),
+            ("graph launched after ms", "graph_launch_ms"),
+        )
+    ]
+
+
 def report(
     profile: dict, a: str, b: str, model=None, shape=None, top=25, ops="kernels"
 ) -> str:
@@ -62,6 +82,7 @@ def report(
                         ("device ops per forward", "device_ops_per_forward"),
                     )
                 ),
+                *forward_lines(wa.get("forwards") or {}, wb.get("forwards") or {}),
                 f"  ops only {a} runs: {only_a} ms; only {b} runs: {only_b} ms",
                 f"  {'delta ms':>9} {a + ' ms':>10} {b + ' ms':>10} {'calls':>13}  op",
             ]

@@ -12,13 +12,18 @@ and profiled run, divided by the run's completed requests (one prefill forward
 each for one prompt at a time and one output token): "kernels", every device
 op's ms and calls; "device_busy_ms", the union of device-op intervals;
 "host_runtime", the CUDA runtime's and driver's calls' ms and calls (launches,
-Triton's through the driver, synchronisations, copies); "wall_ms", the profiled run's median time to first token, and
-"wall_ms_unprofiled", the measured run's.
+Triton's through the driver, synchronisations, copies); "forwards", per prefill
+forward (medians; sglang's own span around ModelRunner.forward under the
+profiler, step[EXTEND ...]): its host time, the device time of what it launched,
+and for a graph replay how long after the forward's start the graph was
+launched (the host work before replay); "wall_ms", the profiled run's median
+time to first token, and "wall_ms_unprofiled", the measured run's.
 """
 
 import argparse
 import gzip
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -27,6 +32,10 @@ from graphfix_bench_timer import busy_us  # noqa: E402  (the profiled forwards' 
 
 DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
 HOST_CATEGORIES = {"cuda_runtime", "cuda_driver"}  # Triton launches via the driver
+# sglang's span around one ModelRunner.forward while the torch profiler runs
+# (utils/profile_utils.build_step_span_name): "step[EXTEND bs=1 toks=2048]".
+PREFILL_STEP = "step[EXTEND"
+GRAPH_LAUNCH = "cudaGraphLaunch"
 
 
 def load_events(folder: Path) -> list:
@@ -75,6 +84,81 @@ def summarize(events: list, requests: int) -> dict:
     }
 
 
+def prefill_forwards(events: list) -> dict:
+    """Per prefill forward (sglang's step[EXTEND ...] span): "host_ms", the
+    span (the forward on the host, launches and waits included);
+    "device_span_ms", first start to last end of the device ops that the
+    span's runtime calls launched (matched by the profiler's correlation ids),
+    and "device_busy_ms", their union; "graph_launch_ms", from the span's start
+    to its cudaGraphLaunch (the host work before a replay; forwards without one
+    ran eager). Medians over the forwards, with their counts; empty without a
+    span (sglang records none outside its profiler)."""
+    spans = sorted(
+        (
+            e
+            for e in events
+            if e.get("cat") == "user_annotation"
+            and e.get("name", "").startswith(PREFILL_STEP)
+        ),
+        key=lambda e: float(e["ts"]),
+    )
+    if not spans:
+        return {}
+    calls = sorted(
+        (e for e in events if e.get("cat") in HOST_CATEGORIES),
+        key=lambda e: float(e["ts"]),
+    )
+    launched = {}
+    for e in events:
+        correlation = (e.get("args") or {}).get("correlation")
+        if e.get("cat") in DEVICE_CATEGORIES and correlation is not None:
+            launched.setdefault(correlation, []).append(e)
+    rows = []
+    for span in spans:
+        start = float(span["ts"])
+        end = start + float(span.get("dur", 0.0))
+        mine = [
+            c
+            for c in calls
+            if (c.get("pid"), c.get("tid")) == (span.get("pid"), span.get("tid"))
+            and start <= float(c["ts"]) <= end
+        ]
+        ops = [
+            op
+            for c in mine
+            for op in launched.get((c.get("args") or {}).get("correlation"), ())
+        ]
+        intervals = [(float(o["ts"]), float(o["ts"]) + float(o["dur"])) for o in ops]
+        graph = next((c for c in mine if c["name"].startswith(GRAPH_LAUNCH)), None)
+        rows.append(
+            {
+                "host_ms": (end - start) / 1000.0,
+                "device_span_ms": (
+                    (max(b for _, b in intervals) - min(a for a, _ in intervals))
+                    / 1000.0
+                    if intervals
+                    else 0.0
+                ),
+                "device_busy_ms": busy_us(intervals) / 1000.0,
+                "graph_launch_ms": (
+                    (float(graph["ts"]) - start) / 1000.0 if graph else None
+                ),
+            }
+        )
+
+    def median(key, of=rows):
+        values = [r[key] for r in of if r[key] is not None]
+        return round(statistics.median(values), 4) if values else None
+
+    graphs = [r for r in rows if r["graph_launch_ms"] is not None]
+    return {
+        "prefill_forwards": len(rows),
+        "graph_forwards": len(graphs),
+        **{key: median(key) for key in ("host_ms", "device_span_ms", "device_busy_ms")},
+        "graph_launch_ms": median("graph_launch_ms", graphs),
+    }
+
+
 def served_profiles(report_paths: list) -> dict:
     """profile_diff's JSON from the serving reports' profiled runs."""
     model, servers = None, {}
@@ -91,6 +175,7 @@ def served_profiles(report_paths: list) -> dict:
                     folder = Path(run["trace_path"])  # a report kept elsewhere
                 events = load_events(folder)
                 summary = summarize(events, run.get("completed") or 1)
+                summary["forwards"] = prefill_forwards(events)
                 summary["wall_ms"] = run.get("median_ttft_ms")
                 measured = entry.get("runs", {}).get(label, {})
                 summary["wall_ms_unprofiled"] = measured.get("median_ttft_ms")

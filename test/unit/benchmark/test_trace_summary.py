@@ -118,3 +118,64 @@ def test_a_profiled_run_without_a_trace_is_an_error(tmp_path):
     report.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="server gone"):
         summary.served_profiles([report])
+
+
+def _event(cat, name, ts, dur, correlation=None, tid=1):
+    event = {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 7}
+    event["tid"] = tid
+    if correlation is not None:
+        event["args"] = {"correlation": correlation}
+    return event
+
+
+def test_each_prefill_forward_splits_into_host_and_what_it_launched(tmp_path, capsys):
+    """sglang's step[EXTEND ...] span per forward: its host time, the device ops
+    its own runtime calls launched (by correlation id; not another thread's, not
+    a decode step's), their span and union, and the time to cudaGraphLaunch for
+    a replay; medians over the forwards, in profile_diff's output."""
+    summary = load_benchmark("trace_summary")
+    diff = load_benchmark("profile_diff")
+    events = [
+        # An eager forward: two launches, kernels overlapping, 3 ms on the host.
+        _event("user_annotation", "step[EXTEND bs=1 toks=2048]", 0, 3000),
+        _event("cuda_runtime", "cudaLaunchKernel", 100, 10, correlation=1),
+        _event("cuda_driver", "cuLaunchKernelEx", 200, 10, correlation=2),
+        _event("kernel", "gemm", 500, 1000, correlation=1),
+        _event("kernel", "scan", 1200, 600, correlation=2),  # busy 1300, span 1300
+        # Another thread's launch inside the span: not this forward's.
+        _event("cuda_runtime", "cudaLaunchKernel", 300, 10, correlation=3, tid=2),
+        _event("kernel", "other", 2000, 5000, correlation=3),
+        # A replay: the graph launched 800 us after the forward's start.
+        _event("user_annotation", "step[EXTEND bs=1 toks=16]", 10000, 1000),
+        _event("cuda_runtime", "cudaGraphLaunch", 10800, 20, correlation=4),
+        _event("kernel", "gemm", 10900, 400, correlation=4),
+        _event("kernel", "scan", 11400, 100, correlation=4),  # busy 500, span 600
+        # A decode step is not a prefill forward.
+        _event("user_annotation", "step[DECODE bs=1]", 20000, 500),
+        _event("cuda_runtime", "cudaGraphLaunch", 20100, 20, correlation=5),
+    ]
+    forwards = summary.prefill_forwards(events)
+    assert forwards == {
+        "prefill_forwards": 2,
+        "graph_forwards": 1,
+        "host_ms": 2.0,  # median of 3.0 and 1.0
+        "device_span_ms": 0.95,  # of 1.3 and 0.6
+        "device_busy_ms": 0.9,  # of 1.3 and 0.5
+        "graph_launch_ms": 0.8,
+    }
+    assert summary.prefill_forwards([_kernel("conv", 0, 10)]) == {}
+    full = _report(tmp_path / "a", "full", events, 2, 60.0, 61.0)
+    other = _report(tmp_path / "b", "breakable", events[:7], 1, 70.0, 71.0)
+    profile = summary.served_profiles([full, other])
+    servers = profile["models"]["nemotron-h-8b"]
+    assert servers["full"]["1 x 2048 tokens"]["forwards"] == forwards
+    assert (
+        servers["breakable"]["1 x 2048 tokens"]["forwards"]["graph_launch_ms"] is None
+    )
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile))
+    diff.main([str(path)])
+    out = capsys.readouterr().out
+    assert "prefill forwards: 2 (1 replayed) vs 1 (0 replayed)" in out
+    assert "per prefill forward, host ms: 2.0 vs 3.0" in out
+    assert "per prefill forward, graph launched after ms: 0.8 vs None" in out
