@@ -35,7 +35,7 @@ HOST_CATEGORIES = {"cuda_runtime", "cuda_driver"}  # Triton launches via the dri
 # sglang's span around one ModelRunner.forward while the torch profiler runs
 # (utils/profile_utils.build_step_span_name): "step[EXTEND bs=1 toks=2048]".
 PREFILL_STEP = "step[EXTEND"
-GRAPH_LAUNCH = "cudaGraphLaunch"
+GRAPH_LAUNCH = ("cudaGraphLaunch", "cuGraphLaunch")  # runtime, or the driver's
 
 
 def load_events(folder: Path) -> list:
