@@ -11,10 +11,12 @@ Model: `qwen3-next-80b-a3b-fp8`: Qwen3-Next-80B-A3B's published dimensions (48
 layers: 36 GDN + 12 attention, hidden 2048, 512 experts top-10, vocab 151936)
 with the FP8 checkpoint's block quantization ([128, 128], e4m3), --load-format
 dummy (speed only: every output is noise). `falcon-h1-7b`: Falcon-H1-7B's
-(Mamba2 beside attention in 44 layers, bfloat16) and `nemotron-h-8b`:
-Nemotron-H-8B-Base's (Mamba2, attention and MLP layers, 8 groups) and
+(Mamba2 beside attention in 44 layers, bfloat16); `nemotron-h-8b`:
+Nemotron-H-8B-Base's (Mamba2, attention and MLP layers, 8 groups);
 `granite-4.0-h-micro`: Granite-4.0-H-Micro's layout (dense, Mamba2 and attention
-9:1) and `lfm2-2.6b`: LFM2-2.6B's (short conv and attention), every mode with --attention-backend flashinfer (the Mamba2 full graph's checked backend). `tiny`: test/tiny_configs.py's 4-layer
+9:1); `lfm2-2.6b`: LFM2-2.6B's (short conv and attention). The Mamba2 and
+short-conv models' servers run --attention-backend flashinfer in every mode (the
+Mamba2 full graph's checked backend). `tiny`: test/tiny_configs.py's 4-layer
 Qwen3-Next, for a dry run of this script. A synthetic word-level tokenizer of the
 model's vocabulary is written beside the config (no hub access); prompts are
 random token ids (dataset random-ids, --tokenize-prompt).
@@ -207,8 +209,12 @@ def granite_4_h_micro(path: Path) -> None:
     but for attention at layers 5, 15, 25 and 35 (32 / 8 heads of 64, no position
     embedding), a dense MLP of 8192 in every layer and no experts, hidden 2048,
     Mamba2 with 64 heads of 64 in one group, state 128, chunk 256; vocab 100352,
-    bfloat16. sglang 0.5.23 captures no prefill graph for it (its Mamba2 layers
-    hold no attention module), so breakable runs eager here."""
+    bfloat16; its scalars (embedding 12, logits 8, residual 0.22, attention
+    1/64, norm eps 1e-5) as that file and sglang's own config class have them
+    (transformers' class writes the layer types, which sglang's rejects under
+    transformers 5, and defaults those scalars to 1). sglang 0.5.23 captures no
+    prefill graph for it (its Mamba2 layers hold no attention module), so
+    breakable runs eager here."""
     from transformers import GraniteMoeHybridConfig
 
     config = GraniteMoeHybridConfig(
@@ -225,6 +231,11 @@ def granite_4_h_micro(path: Path) -> None:
         num_local_experts=0,
         num_experts_per_tok=0,
         position_embedding_type="nope",
+        embedding_multiplier=12.0,
+        logits_scaling=8.0,
+        residual_multiplier=0.22,
+        attention_multiplier=0.015625,
+        rms_norm_eps=1e-5,
         mamba_n_heads=64,
         mamba_d_head=64,
         mamba_n_groups=1,
@@ -246,7 +257,7 @@ def granite_4_h_micro(path: Path) -> None:
 def lfm2_2_6b(path: Path) -> None:
     """LFM2-2.6B's layout, with the dimensions of Liquid AI's own config.json of
     that architecture (LiquidAI/LFM2-2.6B-Transcript-ONNX on the Hugging Face
-    hub): 30 layers, short conv (cache 3) but for attention at layers 2, 5, 9,
+    hub): 30 layers, short conv (kernel 3) but for attention at layers 2, 5, 9,
     13, 17, 21, 24 and 27 (32 / 8 heads of 64), hidden 2048, MLP 10752 in every
     layer, vocab 65536, bfloat16. sglang 0.5.23 captures no prefill graph for it
     (its conv layers hold no attention module), so breakable runs eager here."""

@@ -25,16 +25,26 @@ first=$1 side_by_side=$2
 shift 2
 stamp() { echo "$(date -u +%H:%M:%S) $*" >>"$res/progress.log"; }
 # Triton's autotuned configs (sglang's Mamba2 SSD kernels tune on their static
-# dimensions only, and Triton caches the choice on disk: the first process on the
-# machine to meet a key picks the config every later server runs). Each tuning
-# prints its choice (servers: into their logs), and the cached choices are kept
-# in RES/triton_autotune after each step.
+# dimensions only, and Triton caches the choice on disk: the first process to
+# meet a key, on this machine or, through a previous session's caches unpacked
+# by device_setup.sh, on an earlier one, picks the config every later server
+# with that key runs). A fresh tuning prints its choice (servers: into their
+# logs); after each step the cached choices, as yet unseen, are copied to
+# RES/triton_autotune with their times (which step tuned what). sglang points
+# Triton at SGLANG_CACHE_DIR/triton (~/.cache/sglang/triton) once imported.
 export TRITON_PRINT_AUTOTUNING=1
+res=$(cd "$res" && pwd)
 keep_autotune() {
-  local cache=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
-  [ -d "$cache" ] || return 0
-  mkdir -p "$res/triton_autotune"
-  (cd "$cache" && find . -name '*.autotune.json' -exec cp --parents {} "$res/triton_autotune/" \;)
+  local cache found=
+  for cache in "${TRITON_CACHE_DIR:-}" "${SGLANG_CACHE_DIR:-$HOME/.cache/sglang}/triton" \
+    "$HOME/.triton/cache"; do
+    [ -n "$cache" ] && [ -d "$cache" ] || continue
+    found=1
+    mkdir -p "$res/triton_autotune"
+    (cd "$cache" && find . -name '*.autotune.json' \
+      -exec cp -n --parents --preserve=timestamps {} "$res/triton_autotune/" \;)
+  done
+  [ -n "$found" ] || stamp "keep_autotune: no Triton cache folder"
 }
 stamp "start ${GRAPHFIX_COMMIT:-unset}"
 # The GPU's clocks and power once a second for the whole block (timings of servers
@@ -49,6 +59,7 @@ if [ -n "${PRE:-}" ]; then
   mkdir -p "$res/pre"
   OUT="$res/pre" timeout "${PRE_TIMEOUT:-900}" bash -c "$PRE" >"$res/pre.log" 2>&1
   stamp "pre rc=$?"
+  keep_autotune
 fi
 if [ -n "$first" ]; then
   OUT="$res/first" timeout 900 python3 -m pytest $first -q -rA -p no:cacheprovider \
@@ -85,5 +96,6 @@ if [ -n "${POST:-}" ]; then
   mkdir -p "$res/post"
   OUT="$res/post" timeout "${POST_TIMEOUT:-900}" bash -c "$POST" >"$res/post.log" 2>&1
   stamp "post rc=$?"
+  keep_autotune
 fi
 touch "$res/DONE"

@@ -56,54 +56,87 @@ def test_served_falcon_h1_full_mode_is_what_users_get(tmp_path, monkeypatch):
     assert command[-2:] == flags
 
 
-def test_served_granite_is_a_dense_hybrid_whose_full_graph_captures(tmp_path):
-    """The Granite-4.0-H-Micro layout loads through sglang's own config as 36
-    Mamba2 and 4 attention layers, no experts and no position embedding, and its
-    full mode resolves to the full graph with the flags every mode gets (sglang
-    itself finds no prefill graph for it: breakable runs eager)."""
-    from resolution import prefill_backend, resolved
+def _served(bench, model, path):
+    """``--model model`` as written for its servers, as sglang's ModelConfig reads
+    it, and its full mode resolved with the flags every mode gets (on a
+    simulated H200)."""
+    from resolution import resolved
 
-    from sglang.srt.configs.granitemoehybrid import GraniteMoeHybridConfig
+    from sglang.srt.configs.model_config import ModelConfig
+
+    bench.MODELS[model](path)
+    flags = bench.SERVER_ARGS[model]
+    assert flags == ["--attention-backend", "flashinfer"]
+    args = resolved(
+        str(path), cuda_graph_backend_prefill="full", attention_backend=flags[1]
+    )
+    return ModelConfig(str(path), context_length=8192), args
+
+
+def test_served_granite_is_a_dense_hybrid_its_full_mode_keeps(tmp_path):
+    """The Granite-4.0-H-Micro layout as sglang reads it: 36 Mamba2 and 4
+    attention layers (32 / 8 heads), a dense MLP of 8192 and no experts, no
+    position embedding, Mamba2 of 64 heads of 64 in one group with state 128;
+    its full mode resolves to the full graph, and (as the capability model reads
+    sglang's layer scan) sglang's breakable would turn its prefill graph off."""
+    from resolution import prefill_backend
+
     from sglang.srt.model_executor.cuda_graph_config import Backend
+    from sglang_graphfix.srt.full_prefill_graph_capability import (
+        mamba2_config,
+        prefill_graph_turned_off,
+    )
 
     bench = load_benchmark("serving_prefill_graph")
-    bench.granite_4_h_micro(tmp_path)
-    config = GraniteMoeHybridConfig.from_pretrained(tmp_path)
+    model, args = _served(bench, "granite-4.0-h-micro", tmp_path)
+    config = model.hf_config
     assert [i for i, t in enumerate(config.layer_types) if t != "mamba"] == [
         5,
         15,
         25,
         35,
     ]
-    assert config.num_local_experts == 0 and config.position_embedding_type == "nope"
-    assert bench.default_context_length(tmp_path) == bench.CONTEXT_LENGTH
-    flags = bench.SERVER_ARGS["granite-4.0-h-micro"]
-    args = resolved(
-        str(tmp_path), cuda_graph_backend_prefill="full", attention_backend=flags[1]
+    assert (config.num_local_experts, config.shared_intermediate_size) == (0, 8192)
+    assert (config.num_attention_heads, config.num_key_value_heads) == (32, 8)
+    assert config.position_embedding_type == "nope"
+    assert (config.embedding_multiplier, config.logits_scaling) == (12.0, 8.0)
+    mamba = mamba2_config(model)
+    assert (mamba.mamba_n_heads, mamba.mamba_d_head, mamba.mamba_n_groups) == (
+        64,
+        64,
+        1,
     )
+    assert (mamba.mamba_d_state, mamba.mamba_chunk_size) == (128, 256)
+    assert bench.default_context_length(tmp_path) == bench.CONTEXT_LENGTH
     assert prefill_backend(args) == Backend.FULL
+    assert prefill_graph_turned_off(model, "breakable", 90) is not None
 
 
-def test_served_lfm2_is_short_conv_whose_full_graph_captures(tmp_path):
-    """The LFM2-2.6B layout loads through sglang's own config as 22 short-conv
-    and 8 attention layers with an MLP of 10752 (no auto-adjust), and its full
-    mode resolves to the full graph with the flags every mode gets."""
-    from resolution import prefill_backend, resolved
+def test_served_lfm2_is_short_conv_its_full_mode_keeps(tmp_path):
+    """The LFM2-2.6B layout as sglang reads it: 22 short-conv and 8 attention
+    layers, hidden 2048, 32 / 8 heads, an MLP of 10752 (no auto-adjust); its
+    full mode resolves to the full graph, and sglang's breakable would turn its
+    prefill graph off (as the capability model reads sglang's layer scan)."""
+    from resolution import prefill_backend
 
-    from sglang.srt.configs import Lfm2Config
     from sglang.srt.model_executor.cuda_graph_config import Backend
+    from sglang_graphfix.srt.full_prefill_graph_capability import (
+        prefill_graph_turned_off,
+    )
 
     bench = load_benchmark("serving_prefill_graph")
-    bench.lfm2_2_6b(tmp_path)
-    config = Lfm2Config.from_pretrained(tmp_path)
+    model, args = _served(bench, "lfm2-2.6b", tmp_path)
+    config = model.hf_config
     assert config.full_attention_layer_ids == [2, 5, 9, 13, 17, 21, 24, 27]
     assert len(config.linear_layer_ids) == 22
+    assert (
+        config.hidden_size,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+    ) == (2048, 32, 8)
     assert (config.intermediate_size, config.block_auto_adjust_ff_dim) == (10752, False)
-    flags = bench.SERVER_ARGS["lfm2-2.6b"]
-    args = resolved(
-        str(tmp_path), cuda_graph_backend_prefill="full", attention_backend=flags[1]
-    )
     assert prefill_backend(args) == Backend.FULL
+    assert prefill_graph_turned_off(model, "breakable", 90) is not None
 
 
 def test_servers_get_a_context_the_model_holds(tmp_path):
