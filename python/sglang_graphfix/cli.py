@@ -630,10 +630,12 @@ def graphfix_outcome(plan: Plan) -> Outcome:
     """What sglang 0.5.23 does with sglang-graphfix: its resolution decides the
     full prefill graph (refusing or downgrading what cannot capture), so only
     the DSA indexer LoRA paths it does not cover fail later."""
+    from sglang.srt.arg_groups.overrides import model_config_of
     from sglang.srt.model_executor.cuda_graph_config import Backend
     from sglang_graphfix.srt.full_prefill_graph_capability import (
         MAMBA2_FAMILY,
         full_prefill_graph_support,
+        mamba_mixer_of_config,
     )
 
     if plan.error is not None:
@@ -652,11 +654,6 @@ def graphfix_outcome(plan: Plan) -> Outcome:
                 f"(prefill kernel {support.linear_prefill_kernel})"
             )
         elif support.linear_attention == MAMBA2_FAMILY:
-            from sglang.srt.arg_groups.overrides import model_config_of
-            from sglang_graphfix.srt.full_prefill_graph_capability import (
-                mamba_mixer_of_config,
-            )
-
             mixer = mamba_mixer_of_config(model_config_of(args))
             notes.append(
                 "short-conv extend (sglang's conv kernel) captured in the full "
