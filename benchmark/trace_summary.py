@@ -21,6 +21,7 @@ time to first token, and "wall_ms_unprofiled", the measured run's.
 """
 
 import argparse
+import bisect
 import gzip
 import json
 import statistics
@@ -35,7 +36,8 @@ HOST_CATEGORIES = {"cuda_runtime", "cuda_driver"}  # Triton launches via the dri
 # sglang's span around one ModelRunner.forward while the torch profiler runs
 # (utils/profile_utils.build_step_span_name): "step[EXTEND bs=1 toks=2048]".
 PREFILL_STEP = "step[EXTEND"
-GRAPH_LAUNCH = ("cudaGraphLaunch", "cuGraphLaunch")  # runtime, or the driver's
+GRAPH_LAUNCH = "cudaGraphLaunch"  # kineto records no driver-level graph launch
+TRACE = "_trace"  # load_events' tag: which trace file (rank) an event came from
 
 
 def load_events(folder: Path) -> list:
@@ -45,11 +47,14 @@ def load_events(folder: Path) -> list:
     events, paths = [], sorted(folder.rglob("*.trace.json*"))
     if not paths:
         raise FileNotFoundError(f"no *.trace.json* under {folder}")
-    for path in paths:
+    for number, path in enumerate(paths):
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rt") as f:
             trace = json.load(f)
-        events += [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+        for event in trace.get("traceEvents", []):
+            if event.get("ph") == "X":
+                event[TRACE] = number  # correlation ids are per process
+                events.append(event)
     return events
 
 
@@ -85,14 +90,19 @@ def summarize(events: list, requests: int) -> dict:
 
 
 def prefill_forwards(events: list) -> dict:
-    """Per prefill forward (sglang's step[EXTEND ...] span): "host_ms", the
-    span (the forward on the host, launches and waits included);
-    "device_span_ms", first start to last end of the device ops that the
-    span's runtime calls launched (matched by the profiler's correlation ids),
-    and "device_busy_ms", their union; "graph_launch_ms", from the span's start
-    to its cudaGraphLaunch (the host work before a replay; forwards without one
-    ran eager). Medians over the forwards, with their counts; empty without a
-    span (sglang records none outside its profiler)."""
+    """Per prefill forward (sglang's step[EXTEND ...] span around
+    ModelRunner.forward, on the scheduler's thread; the batch's ForwardBatch is
+    built and its inputs copied before it, sampling after): "host_ms", the span
+    (launches and waits included); "device_span_ms", first start to last end of
+    the device ops that the span's own runtime calls launched (same trace, pid
+    and thread; matched by the profiler's correlation ids: a replay's kernels
+    carry its cudaGraphLaunch's), and "device_busy_ms", their union, both None
+    for a forward whose launches the trace holds no device op of; and
+    "graph_launch_ms", from the span's start to its first cudaGraphLaunch (the
+    host work before a replay), for the forwards with one ("graph_forwards";
+    the others ran eager). Medians over the forwards, with their counts
+    ("with_device_ops": those with device ops); empty without a span (sglang
+    records none outside its profiler, or without the CPU activity)."""
     spans = sorted(
         (
             e
@@ -104,29 +114,34 @@ def prefill_forwards(events: list) -> dict:
     )
     if not spans:
         return {}
-    calls = sorted(
-        (e for e in events if e.get("cat") in HOST_CATEGORIES),
-        key=lambda e: float(e["ts"]),
-    )
+    calls = {}  # (trace, pid, tid) -> that thread's runtime calls, by start
+    for e in events:
+        if e.get("cat") in HOST_CATEGORIES:
+            calls.setdefault((e.get(TRACE), e.get("pid"), e.get("tid")), []).append(e)
+    starts = {}
+    for thread, thread_calls in calls.items():
+        thread_calls.sort(key=lambda e: float(e["ts"]))
+        starts[thread] = [float(e["ts"]) for e in thread_calls]
     launched = {}
     for e in events:
         correlation = (e.get("args") or {}).get("correlation")
         if e.get("cat") in DEVICE_CATEGORIES and correlation is not None:
-            launched.setdefault(correlation, []).append(e)
+            launched.setdefault((e.get(TRACE), correlation), []).append(e)
     rows = []
     for span in spans:
         start = float(span["ts"])
         end = start + float(span.get("dur", 0.0))
-        mine = [
-            c
-            for c in calls
-            if (c.get("pid"), c.get("tid")) == (span.get("pid"), span.get("tid"))
-            and start <= float(c["ts"]) <= end
+        thread = (span.get(TRACE), span.get("pid"), span.get("tid"))
+        times = starts.get(thread, [])
+        mine = calls.get(thread, [])[
+            bisect.bisect_left(times, start) : bisect.bisect_right(times, end)
         ]
         ops = [
             op
             for c in mine
-            for op in launched.get((c.get("args") or {}).get("correlation"), ())
+            for op in launched.get(
+                (c.get(TRACE), (c.get("args") or {}).get("correlation")), ()
+            )
         ]
         intervals = [(float(o["ts"]), float(o["ts"]) + float(o["dur"])) for o in ops]
         graph = next((c for c in mine if c["name"].startswith(GRAPH_LAUNCH)), None)
@@ -137,9 +152,9 @@ def prefill_forwards(events: list) -> dict:
                     (max(b for _, b in intervals) - min(a for a, _ in intervals))
                     / 1000.0
                     if intervals
-                    else 0.0
+                    else None
                 ),
-                "device_busy_ms": busy_us(intervals) / 1000.0,
+                "device_busy_ms": busy_us(intervals) / 1000.0 if intervals else None,
                 "graph_launch_ms": (
                     (float(graph["ts"]) - start) / 1000.0 if graph else None
                 ),
@@ -154,6 +169,7 @@ def prefill_forwards(events: list) -> dict:
     return {
         "prefill_forwards": len(rows),
         "graph_forwards": len(graphs),
+        "with_device_ops": sum(r["device_span_ms"] is not None for r in rows),
         **{key: median(key) for key in ("host_ms", "device_span_ms", "device_busy_ms")},
         "graph_launch_ms": median("graph_launch_ms", graphs),
     }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the device machine, after a block: hand the JIT caches (sglang's own under
 # ~/.cache/sglang, where sglang 0.5.23 points Triton and its JIT kernels;
-# Triton's, FlashInfer's and CuTe DSL's defaults) back through $OUT, at most 8 files of 15 MiB per call, so that the
+# Triton's, FlashInfer's and CuTe DSL's defaults) back through $OUT, 8 files of 8 MiB
+# per call (what comes back: 8 files, 64 MiB together), so that the
 # next session's first engines skip their compiles (test/gpu/cache_in.sh). Call it
 # with 0, 1, 2, ... until it prints "cache_out: last slice" (parts of slice K:
 # 8K to 8K+7). Never commit the parts; they go under .jitcache/ (git-ignored):
@@ -16,10 +17,10 @@ if [ ! -d "$parts" ]; then
     "${TMPDIR:-/tmp}/$(id -un)/cutlass_python_cache"; do
     [ -d "$d" ] && dirs+=("${d#/}")
   done
-  tar -czf - -C / "${dirs[@]}" | split -b 15M -d -a 3 - "$parts/jitcache.tgz."
+  tar -czf - -C / "${dirs[@]}" | split -b 8M -d -a 3 - "$parts/jitcache.tgz."
 fi
 all=("$parts"/jitcache.tgz.*)
-echo "cache_out: ${#all[@]} parts of 15 MiB ($(du -sh "$parts" | cut -f1))"
+echo "cache_out: ${#all[@]} parts of 8 MiB ($(du -sh "$parts" | cut -f1))"
 mkdir -p "$OUT"
 for part in "${all[@]:$((slice * 8)):8}"; do cp "$part" "$OUT/"; done
 [ $(((slice + 1) * 8)) -ge ${#all[@]} ] && echo "cache_out: last slice"

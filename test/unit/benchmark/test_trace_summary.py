@@ -131,8 +131,8 @@ def _event(cat, name, ts, dur, correlation=None, tid=1):
 def test_each_prefill_forward_splits_into_host_and_what_it_launched(tmp_path, capsys):
     """sglang's step[EXTEND ...] span per forward: its host time, the device ops
     its own runtime calls launched (by correlation id; not another thread's, not
-    a decode step's), their span and union, and the time to cudaGraphLaunch for
-    a replay; medians over the forwards, in profile_diff's output."""
+    a decode step's), their span and union, and the time to its cudaGraphLaunch
+    for a replay; medians over the forwards, in profile_diff's output."""
     summary = load_benchmark("trace_summary")
     diff = load_benchmark("profile_diff")
     events = [
@@ -142,30 +142,41 @@ def test_each_prefill_forward_splits_into_host_and_what_it_launched(tmp_path, ca
         _event("cuda_driver", "cuLaunchKernelEx", 200, 10, correlation=2),
         _event("kernel", "gemm", 500, 1000, correlation=1),
         _event("kernel", "scan", 1200, 600, correlation=2),  # busy 1300, span 1300
-        # Another thread's launch inside the span: not this forward's.
+        # Another thread's launches inside the span, a graph's among them: not
+        # this forward's.
         _event("cuda_runtime", "cudaLaunchKernel", 300, 10, correlation=3, tid=2),
         _event("kernel", "other", 2000, 5000, correlation=3),
+        _event("cuda_runtime", "cudaGraphLaunch", 400, 10, correlation=6, tid=2),
         # A replay: the graph launched 800 us after the forward's start.
         _event("user_annotation", "step[EXTEND bs=1 toks=16]", 10000, 1000),
         _event("cuda_runtime", "cudaGraphLaunch", 10800, 20, correlation=4),
         _event("kernel", "gemm", 10900, 400, correlation=4),
         _event("kernel", "scan", 11400, 100, correlation=4),  # busy 500, span 600
-        # A decode step is not a prefill forward.
+        # A third forward, eager, 8 ms on the host and 5 ms on the device.
+        _event("user_annotation", "step[EXTEND bs=1 toks=4096]", 12000, 8000),
+        _event("cuda_runtime", "cudaLaunchKernel", 12100, 10, correlation=7),
+        _event("kernel", "gemm", 12200, 5000, correlation=7),
+        # A decode step is not a prefill forward, nor is what it launched.
         _event("user_annotation", "step[DECODE bs=1]", 20000, 500),
         _event("cuda_runtime", "cudaGraphLaunch", 20100, 20, correlation=5),
+        _event("kernel", "decode", 20200, 9000, correlation=5),
     ]
     forwards = summary.prefill_forwards(events)
     assert forwards == {
-        "prefill_forwards": 2,
+        "prefill_forwards": 3,
         "graph_forwards": 1,
-        "host_ms": 2.0,  # median of 3.0 and 1.0
-        "device_span_ms": 0.95,  # of 1.3 and 0.6
-        "device_busy_ms": 0.9,  # of 1.3 and 0.5
+        "with_device_ops": 3,
+        "host_ms": 3.0,  # median of 3, 1 and 8 (the mean would be 4)
+        "device_span_ms": 1.3,  # of 1.3, 0.6 and 5
+        "device_busy_ms": 1.3,  # of 1.3, 0.5 and 5
         "graph_launch_ms": 0.8,
     }
     assert summary.prefill_forwards([_kernel("conv", 0, 10)]) == {}
-    full = _report(tmp_path / "a", "full", events, 2, 60.0, 61.0)
-    other = _report(tmp_path / "b", "breakable", events[:7], 1, 70.0, 71.0)
+    # A forward whose launches left no device op in the trace: no device time.
+    lost = summary.prefill_forwards(events[:3])
+    assert (lost["with_device_ops"], lost["device_span_ms"]) == (0, None)
+    full = _report(tmp_path / "a", "full", events, 3, 60.0, 61.0)
+    other = _report(tmp_path / "b", "breakable", events[:8], 1, 70.0, 71.0)
     profile = summary.served_profiles([full, other])
     servers = profile["models"]["nemotron-h-8b"]
     assert servers["full"]["1 x 2048 tokens"]["forwards"] == forwards
@@ -176,6 +187,25 @@ def test_each_prefill_forward_splits_into_host_and_what_it_launched(tmp_path, ca
     path.write_text(json.dumps(profile))
     diff.main([str(path)])
     out = capsys.readouterr().out
-    assert "prefill forwards: 2 (1 replayed) vs 1 (0 replayed)" in out
-    assert "per prefill forward, host ms: 2.0 vs 3.0" in out
+    assert "prefill forwards: 3 (1 replayed) vs 1 (0 replayed)" in out
+    assert "per prefill forward, host ms: 3.0 vs 3.0" in out
     assert "per prefill forward, graph launched after ms: 0.8 vs None" in out
+
+
+def test_correlation_ids_are_matched_within_one_rank_s_trace(tmp_path):
+    """Two ranks' traces (sglang writes one per rank) reuse correlation ids: a
+    forward counts only the device ops of its own trace."""
+    summary = load_benchmark("trace_summary")
+    rank = [
+        _event("user_annotation", "step[EXTEND bs=1 toks=64]", 0, 1000),
+        _event("cuda_runtime", "cudaLaunchKernel", 100, 10, correlation=1),
+    ]
+    folder = tmp_path / "trace"
+    folder.mkdir()
+    for name, kernel in (("a", _event("kernel", "gemm", 200, 300, correlation=1)),
+                         ("b", _event("kernel", "gemm", 200, 700, correlation=1))):  # fmt: skip
+        with gzip.open(folder / f"host-TP-{name}.trace.json.gz", "wt") as f:
+            json.dump({"traceEvents": [*rank, kernel]}, f)
+    forwards = summary.prefill_forwards(summary.load_events(folder))
+    assert forwards["prefill_forwards"] == 2
+    assert forwards["device_span_ms"] == 0.5  # of 0.3 and 0.7, not 1.0 twice
