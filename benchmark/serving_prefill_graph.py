@@ -152,6 +152,14 @@ def tiny_qwen3_next(path: Path) -> None:
     add_qwen3_next_layout(path)
 
 
+def save_bfloat16(config, architecture: str, path: Path) -> None:
+    """Write ``config`` as a bfloat16 checkpoint's config.json of ``architecture``
+    (without a config dtype sglang's "auto" would serve float16)."""
+    config.architectures = [architecture]
+    config.dtype = "bfloat16"
+    config.save_pretrained(path)
+
+
 def falcon_h1_7b(path: Path, layers: int = 44) -> None:
     """Falcon-H1-7B's published dimensions (each of 44 layers: attention, 12 / 2
     heads of 128, beside Mamba2, 24 heads of 128, state 256, one group, chunk
@@ -179,9 +187,7 @@ def falcon_h1_7b(path: Path, layers: int = 44) -> None:
         max_position_embeddings=32768,
         tie_word_embeddings=False,
     )
-    config.architectures = ["FalconH1ForCausalLM"]
-    config.dtype = "bfloat16"
-    config.save_pretrained(path)
+    save_bfloat16(config, "FalconH1ForCausalLM", path)
 
 
 def nemotron_h_8b(path: Path) -> None:
@@ -197,9 +203,7 @@ def nemotron_h_8b(path: Path) -> None:
     config = NemotronHConfig(
         n_groups=8, mamba_n_groups=8, mamba_chunk_size=128, max_position_embeddings=8192
     )
-    config.architectures = ["NemotronHForCausalLM"]
-    config.dtype = "bfloat16"
-    config.save_pretrained(path)
+    save_bfloat16(config, "NemotronHForCausalLM", path)
 
 
 def granite_4_h_micro(path: Path) -> None:
@@ -249,9 +253,7 @@ def granite_4_h_micro(path: Path) -> None:
         eos_token_id=100257,
         pad_token_id=100256,
     )
-    config.architectures = ["GraniteMoeHybridForCausalLM"]
-    config.dtype = "bfloat16"
-    config.save_pretrained(path)
+    save_bfloat16(config, "GraniteMoeHybridForCausalLM", path)
 
 
 def lfm2_2_6b(path: Path) -> None:
@@ -278,9 +280,7 @@ def lfm2_2_6b(path: Path) -> None:
         max_position_embeddings=128000,
         tie_word_embeddings=True,
     )
-    config.architectures = ["Lfm2ForCausalLM"]
-    config.dtype = "bfloat16"
-    config.save_pretrained(path)
+    save_bfloat16(config, "Lfm2ForCausalLM", path)
 
 
 MODELS = {
