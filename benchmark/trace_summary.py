@@ -103,30 +103,25 @@ def prefill_forwards(events: list) -> dict:
     the others ran eager). Medians over the forwards, with their counts
     ("with_device_ops": those with device ops); empty without a span (sglang
     records none outside its profiler, or without the CPU activity)."""
-    spans = sorted(
-        (
-            e
-            for e in events
-            if e.get("cat") == "user_annotation"
-            and e.get("name", "").startswith(PREFILL_STEP)
-        ),
-        key=lambda e: float(e["ts"]),
-    )
+    spans = []
+    calls = {}  # (trace, pid, tid) -> that thread's runtime calls, by start
+    launched = {}  # (trace, correlation id) -> the device ops it launched
+    for e in events:
+        cat = e.get("cat")
+        if cat == "user_annotation" and e.get("name", "").startswith(PREFILL_STEP):
+            spans.append(e)
+        elif cat in HOST_CATEGORIES:
+            calls.setdefault((e.get(TRACE), e.get("pid"), e.get("tid")), []).append(e)
+        elif cat in DEVICE_CATEGORIES:
+            correlation = (e.get("args") or {}).get("correlation")
+            if correlation is not None:
+                launched.setdefault((e.get(TRACE), correlation), []).append(e)
     if not spans:
         return {}
-    calls = {}  # (trace, pid, tid) -> that thread's runtime calls, by start
-    for e in events:
-        if e.get("cat") in HOST_CATEGORIES:
-            calls.setdefault((e.get(TRACE), e.get("pid"), e.get("tid")), []).append(e)
     starts = {}
     for thread, thread_calls in calls.items():
         thread_calls.sort(key=lambda e: float(e["ts"]))
         starts[thread] = [float(e["ts"]) for e in thread_calls]
-    launched = {}
-    for e in events:
-        correlation = (e.get("args") or {}).get("correlation")
-        if e.get("cat") in DEVICE_CATEGORIES and correlation is not None:
-            launched.setdefault((e.get(TRACE), correlation), []).append(e)
     rows = []
     for span in spans:
         start = float(span["ts"])
