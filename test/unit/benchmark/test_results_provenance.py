@@ -88,3 +88,36 @@ def test_committed_results_md_is_rendered_from_the_committed_json():
     assert rendered.strip() == render_results.render().strip(), (
         "benchmark/RESULTS.md is stale: python3 benchmark/render_results.py --write"
     )
+
+
+def test_readme_speedup_tables_are_rendered_from_the_committed_json():
+    content = render_results.README.read_text()
+    for name in render_results.README_TABLES:
+        assert render_results.readme_rendered(content, name) == (
+            render_results.readme_table(name)
+        ), (
+            f"README.md's {name} table is stale: python3 benchmark/render_results.py --write"
+        )
+
+
+def test_a_hand_edited_readme_figure_is_caught(tmp_path, monkeypatch):
+    content = render_results.README.read_text()
+    edited = content.replace("| 3.24x |", "| 3.30x |", 1)
+    assert edited != content
+    assert render_results.readme_rendered(
+        edited, "nemotron-h-served"
+    ) != render_results.readme_table("nemotron-h-served")
+    # --write puts the rendered rows back, at the markers' indent.
+    readme = tmp_path / "README.md"
+    readme.write_text(edited)
+    monkeypatch.setattr(render_results, "README", readme)
+    render_results.write_readme()
+    assert readme.read_text() == content
+
+
+def test_a_rounded_speedup_never_crosses_a_goal():
+    assert render_results.speedup(95.4 / 63.8) == "1.495x"  # not 1.50x
+    assert render_results.speedup(1.978) == "1.98x"
+    assert render_results.speedup(1.996) == "1.996x"  # not 2.00x
+    assert render_results.speedup(0.9155) == "**0.92x**"
+    assert render_results.speedup(0.9961) == "**0.996x**"  # slower, not 1.00x
