@@ -1,0 +1,163 @@
+"""test/gpu/run_block.sh and poll_block.sh, the scripts a GPU session's block
+runs, on this machine with stand-ins for python3 and nvidia-smi: a script bug
+found on the device costs device time the session rarely has.
+
+The stand-in python3 records its arguments and the environment a serving run
+was given, and writes a report, a log and a profiler trace where the serving
+script would; a Triton autotuning choice sits in sglang's Triton cache."""
+
+import os
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU = ROOT / "test" / "gpu"
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+# python3 for the block scripts: pytest and the serving script leave a trace.
+if [ "$1" = -m ] && [ "$2" = pytest ]; then
+  echo "pytest $*" >>"$BLOCK_CALLS"
+  exit 0
+fi
+if [ "$1" = benchmark/serving_prefill_graph.py ]; then
+  shift
+  echo "serving [$*] FOO=${FOO:-unset}" >>"$BLOCK_CALLS"
+  mkdir -p "$OUT/logs"
+  echo '{"modes": {}}' >"$OUT/serving_prefill_graph.json"
+  echo server >"$OUT/logs/server_full.log"
+  head -c 4096 /dev/urandom >"$OUT/logs/rank0.trace.json.gz"
+  exit 0
+fi
+echo "unexpected python3 $*" >>"$BLOCK_CALLS"
+exit 3
+"""
+
+
+@pytest.fixture
+def block(tmp_path):
+    for tool in ("bash", "tar", "split", "find", "cp", "timeout"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} not on this machine")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (
+        ("python3", FAKE_PYTHON),
+        ("nvidia-smi", "#!/usr/bin/env bash\nexit 0\n"),
+    ):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    home = tmp_path / "home"
+    tuned = home / ".cache" / "sglang" / "triton" / "ab12"
+    tuned.mkdir(parents=True)
+    (tuned / "_chunk_scan_fwd_kernel.autotune.json").write_text('{"key": [128]}')
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TRITON_", "SGLANG_CACHE", "RES", "OUT", "POST", "PRE"))
+    }
+    env.update(
+        PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        HOME=str(home),
+        BLOCK_CALLS=str(tmp_path / "calls.log"),
+        RES=str(tmp_path / "res"),
+        GRAPHFIX_COMMIT="abc1234",
+    )
+    return tmp_path, env
+
+
+def _run(script, args, env, timeout=60):
+    return subprocess.run(
+        ["bash", str(GPU / script), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_run_block_runs_each_step_and_keeps_what_it_needs(block):
+    tmp, env = block
+    env["POST"] = 'echo "post $OUT" >"$OUT/post.txt"'
+    done = _run(
+        "run_block.sh",
+        [
+            "first_module.py",
+            "",
+            "FOO=1 --model nemotron-h-8b --modes full",
+            "--model granite-4.0-h-micro",
+        ],
+        env,
+    )
+    assert done.returncode == 0, done.stderr
+    res = tmp / "res"
+    calls = (tmp / "calls.log").read_text().splitlines()
+    assert calls[0].startswith("pytest -m pytest first_module.py")
+    # A run's leading NAME=value words are its environment, not its flags.
+    assert calls[1] == "serving [--model nemotron-h-8b --modes full] FOO=1"
+    assert calls[2] == "serving [--model granite-4.0-h-micro] FOO=unset"
+    progress = (res / "progress.log").read_text()
+    for line in (
+        "start abc1234",
+        "first rc=0",
+        "serving (FOO=1 --model nemotron-h-8b --modes full) rc=0",
+        "serving_2 (--model granite-4.0-h-micro) rc=0",
+        "post rc=0",
+    ):
+        assert line in progress
+    assert (res / "serving" / "serving_prefill_graph.json").exists()
+    assert (res / "serving_2" / "serving_prefill_graph.json").exists()
+    assert (res / "post" / "post.txt").read_text() == f"post {res}/post\n"
+    # Triton's cached choice, from sglang's cache folder, under its own path.
+    kept = res / "triton_autotune" / "ab12" / "_chunk_scan_fwd_kernel.autotune.json"
+    assert kept.read_text() == '{"key": [128]}'
+    assert (res / "DONE").exists()
+
+
+def test_a_failing_step_is_logged_and_the_block_goes_on(block):
+    tmp, env = block
+    env["PRE"] = "exit 7"
+    done = _run("run_block.sh", ["", "", "--model tiny"], env)
+    assert done.returncode == 0, done.stderr
+    progress = (tmp / "res" / "progress.log").read_text()
+    assert "pre rc=7" in progress
+    assert "serving (--model tiny) rc=0" in progress
+    assert (tmp / "res" / "DONE").exists()
+
+
+def test_poll_block_hands_back_everything_with_the_traces_last(block):
+    tmp, env = block
+    assert _run("run_block.sh", ["", "", "--model tiny"], env).returncode == 0
+    out = tmp / "out"
+    env["OUT"] = str(out)
+    polled = _run("poll_block.sh", ["5"], env)
+    assert polled.returncode == 0, polled.stderr
+    assert "serving (--model tiny) rc=0" in polled.stdout
+    assert "1 part(s)" in polled.stdout
+    parts = sorted(out.glob("res.tgz.*"))
+    assert [p.name for p in parts] == ["res.tgz.000"]
+    with tarfile.open(parts[0]) as archive:
+        names = archive.getnames()
+    assert "res/serving/serving_prefill_graph.json" in names
+    assert "res/progress.log" in names
+    # Where an archive runs past what comes back, the cut falls in the traces.
+    assert names[-1] == "res/serving/logs/rank0.trace.json.gz"
+    assert all(not n.endswith(".trace.json.gz") for n in names[:-1])
+
+
+def test_poll_block_says_when_parts_would_not_come_back(block):
+    tmp, env = block
+    res = tmp / "res"
+    res.mkdir()
+    (res / "DONE").touch()
+    # Nine parts of 8 MiB: incompressible bytes.
+    with open(res / "big.trace.json.gz", "wb") as f:
+        f.write(os.urandom(8 * 2**20 * 8 + 1))
+    env["OUT"] = str(tmp / "out")
+    polled = _run("poll_block.sh", ["5"], env)
+    assert polled.returncode == 0, polled.stderr
+    assert "9 parts, only the first 8 come back" in polled.stdout
