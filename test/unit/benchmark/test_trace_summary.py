@@ -1,11 +1,18 @@
 """benchmark/trace_summary.py on hand-made torch-profiler traces laid out as
-serving_prefill_graph.py --profile leaves them, and benchmark/profile_diff.py on
+serving_prefill_graph.py --profile leaves them (and on one torch's profiler
+wrote around sglang's own step spans), and benchmark/profile_diff.py on
 its output (device ops and the CUDA runtime's calls)."""
 
 import gzip
 import json
+import types
 
+import torch
 from benchmark_modules import load_benchmark
+
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.utils.nvtx_utils import profile_range
+from sglang.srt.utils.profile_utils import build_step_span_name
 
 
 def _trace(folder, events):
@@ -209,3 +216,29 @@ def test_correlation_ids_are_matched_within_one_rank_s_trace(tmp_path):
     forwards = summary.prefill_forwards(summary.load_events(folder))
     assert forwards["prefill_forwards"] == 2
     assert forwards["device_span_ms"] == 0.5  # of 0.3 and 0.7, not 1.0 twice
+
+
+def test_sglang_s_own_step_spans_in_a_real_profiler_trace(tmp_path):
+    """The spans as sglang names them (build_step_span_name, through its
+    profile_range) in a trace torch's profiler wrote (CPU activity only: no
+    device op, so the forwards' device times are None, not 0); a decode step's
+    span is not a prefill forward."""
+    trace_summary = load_benchmark("trace_summary")
+    extend = types.SimpleNamespace(
+        forward_mode=ForwardMode.EXTEND, batch_size=2, extend_num_tokens=128
+    )
+    decode = types.SimpleNamespace(forward_mode=ForwardMode.DECODE, batch_size=2)
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU]
+    ) as profiler:
+        for forward_id, batch in enumerate((extend, decode, extend, extend)):
+            with profile_range(build_step_span_name(batch, forward_id=forward_id)):
+                torch.randn(64, 64) @ torch.randn(64, 64)
+    folder = tmp_path / "trace"
+    folder.mkdir()
+    profiler.export_chrome_trace(str(folder / "host-TP-0.trace.json"))
+    forwards = trace_summary.prefill_forwards(trace_summary.load_events(folder))
+    assert forwards["prefill_forwards"] == 3
+    assert forwards["host_ms"] > 0
+    assert forwards["with_device_ops"] == forwards["graph_forwards"] == 0
+    assert forwards["device_span_ms"] is forwards["graph_launch_ms"] is None
