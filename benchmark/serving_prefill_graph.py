@@ -568,7 +568,7 @@ def bench(
         "--random-range-ratio", str(ratio), "--num-prompts", str(prompts),
         "--request-rate", "inf" if math.isinf(rate) else str(rate),
         "--seed", str(run_seed(label, warmup)), "--warmup-requests", "4", "--flush-cache",
-        "--disable-tqdm",
+        "--disable-tqdm", "--output-details",
         "--output-file", str(jsonl),
     ] + (["--max-concurrency", str(conc)] if conc else [])  # fmt: skip
     if profile_dir:  # the server writes the trace where the client says
@@ -583,8 +583,16 @@ def bench(
             return cmd, {"error": (done.stdout + done.stderr)[-2000:]}
         if client:  # measured by the fallback process: say so
             cmd = [*cmd, f"# own process: the client's run failed ({status})"]
-    row = json.loads(jsonl.read_text().splitlines()[-1])
-    return cmd, {key: row.get(key) for key in KEEP}
+    return cmd, kept(json.loads(jsonl.read_text().splitlines()[-1]))
+
+
+def kept(row: dict) -> dict:
+    """What the report keeps of a sglang.benchmark.serving JSONL row: KEEP, and
+    each request's time to first token in ms (--output-details), in send order."""
+    result = {key: row.get(key) for key in KEEP}
+    if row.get("ttfts"):
+        result["ttfts_ms"] = [round(t * 1000.0, 2) for t in row["ttfts"]]
+    return result
 
 
 # Per workload, the run that warms a fresh server up before the measured runs
@@ -755,7 +763,7 @@ def recover(folder: Path) -> dict:
         if label is None:  # a workload this version of the script does not run
             continue
         mode = row["server_info"]["cuda_graph_backend_prefill"]
-        found.setdefault(mode, {})[label] = {k: row.get(k) for k in KEEP}
+        found.setdefault(mode, {})[label] = kept(row)
     for mode in MODES:
         if mode not in found:
             continue

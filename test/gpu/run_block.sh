@@ -12,8 +12,8 @@
 # (OUT=RES/pre; its output in RES/pre.log), e.g. a kernel microbenchmark; POST
 # likewise last (OUT=RES/post, RES/post.log), e.g. a profile. PRE_TIMEOUT and
 # POST_TIMEOUT bound them (seconds, default 900). RES/gpu_clocks.csv: nvidia-smi's
-# clocks, power and utilisation, once a second; RES/triton_autotune: Triton's
-# cached autotuning choices.
+# clocks, power, utilisation and clock event reasons, every 100 ms;
+# RES/triton_autotune: Triton's cached autotuning choices.
 #   GRAPHFIX_COMMIT=<sha> RES=/tmp/res bash test/gpu/run_block.sh \
 #       "first_module.py" "module_a.py module_b.py" "--quick --modes breakable,full" \
 #       "--model falcon-h1-7b --quick"
@@ -47,11 +47,19 @@ keep_autotune() {
   [ -n "$found" ] || stamp "keep_autotune: no Triton cache folder"
 }
 stamp "start ${GRAPHFIX_COMMIT:-unset}"
-# The GPU's clocks and power once a second for the whole block (timings of servers
-# run one after another differ: whether the GPU's state does too).
+# The GPU's clocks, power and why its clocks are held down (the driver's name for
+# that field changed: the one it answers), every 100 ms for the whole block: a
+# run of 12 one-prompt requests lasts about a second, and timings of servers run
+# one after another differ (whether the GPU's state does too).
 if command -v nvidia-smi >/dev/null; then
-  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
-    --format=csv -l 1 >"$res/gpu_clocks.csv" 2>/dev/null &
+  fields=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu
+  for reasons in clocks_event_reasons.active clocks_throttle_reasons.active; do
+    if nvidia-smi --query-gpu=$reasons --format=csv >/dev/null 2>&1; then
+      fields=$fields,$reasons
+      break
+    fi
+  done
+  nvidia-smi --query-gpu=$fields --format=csv -lms 100 >"$res/gpu_clocks.csv" 2>/dev/null &
   clocks=$!
   trap 'kill $clocks 2>/dev/null' EXIT
 fi

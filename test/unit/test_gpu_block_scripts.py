@@ -21,6 +21,7 @@ FAKE_PYTHON = """#!/usr/bin/env bash
 # python3 for the block scripts: pytest and the serving script leave a trace.
 if [ "$1" = -m ] && [ "$2" = pytest ]; then
   echo "pytest $*" >>"$BLOCK_CALLS"
+  sleep 1  # long enough for the clocks' logger to have started
   exit 0
 fi
 if [ "$1" = benchmark/serving_prefill_graph.py ]; then
@@ -36,6 +37,16 @@ echo "unexpected python3 $*" >>"$BLOCK_CALLS"
 exit 3
 """
 
+# nvidia-smi as a driver that knows the clock reasons by their older name; the
+# logger's command line is recorded.
+FAKE_NVIDIA_SMI = """#!/usr/bin/env bash
+case "$*" in
+  *-lms*) echo "$*" >>"$BLOCK_CALLS.smi"; echo timestamp ;;
+  *clocks_event_reasons*) exit 6 ;;
+esac
+exit 0
+"""
+
 
 @pytest.fixture
 def block(tmp_path):
@@ -46,7 +57,7 @@ def block(tmp_path):
     bin_dir.mkdir()
     for name, text in (
         ("python3", FAKE_PYTHON),
-        ("nvidia-smi", "#!/usr/bin/env bash\nexit 0\n"),
+        ("nvidia-smi", FAKE_NVIDIA_SMI),
     ):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
@@ -116,6 +127,10 @@ def test_run_block_runs_each_step_and_keeps_what_it_needs(block):
     kept = res / "triton_autotune" / "ab12" / "_chunk_scan_fwd_kernel.autotune.json"
     assert kept.read_text() == '{"key": [128]}'
     assert (res / "DONE").exists()
+    # The GPU's clocks every 100 ms, with the clock reasons the driver answers.
+    logger = (tmp / "calls.log.smi").read_text()
+    assert "-lms 100" in logger and ",clocks_throttle_reasons.active " in logger
+    assert (res / "gpu_clocks.csv").read_text() == "timestamp\n"
 
 
 def test_a_failing_step_is_logged_and_the_block_goes_on(block):

@@ -457,7 +457,10 @@ def cli_main():
         raise RuntimeError("server gone")
     path = argv[argv.index("--output-file") + 1]
     with open(path, "a") as f:
-        f.write(json.dumps({"median_ttft_ms": float(seed), "client_pid": os.getpid()}) + "\\n")
+        row = {"median_ttft_ms": float(seed), "client_pid": os.getpid()}
+        if "--output-details" in argv:
+            row["ttfts"] = [0.0123456, 0.5]
+        f.write(json.dumps(row) + "\\n")
     print("benchmark done", seed)
 """
 
@@ -488,6 +491,8 @@ def test_one_client_process_runs_every_benchmark_of_a_server(tmp_path, monkeypat
         cmd, result = bench.bench(tmp_path, 1234, run, 1.0, tmp_path, client=client)
         assert cmd[1:3] == ["-m", "sglang.benchmark.serving"]
         assert result["median_ttft_ms"] == bench.run_seed("1 x 16 tokens")
+        # Each request's time to first token (--output-details), in ms.
+        assert "--output-details" in cmd and result["ttfts_ms"] == [12.35, 500.0]
     finally:
         client.close()
     assert client.proc.poll() is not None
