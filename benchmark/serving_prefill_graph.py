@@ -588,10 +588,15 @@ def bench(
 
 def kept(row: dict) -> dict:
     """What the report keeps of a sglang.benchmark.serving JSONL row: KEEP, and
-    each request's time to first token in ms (--output-details), in send order."""
+    each request's time to first token in ms (--output-details), in send order,
+    None for a request that failed (sglang records 0 for it)."""
     result = {key: row.get(key) for key in KEEP}
     if row.get("ttfts"):
-        result["ttfts_ms"] = [round(t * 1000.0, 2) for t in row["ttfts"]]
+        errors = row.get("errors") or [""] * len(row["ttfts"])
+        result["ttfts_ms"] = [
+            None if error else round(ttft * 1000.0, 2)
+            for ttft, error in zip(row["ttfts"], errors)
+        ]
     return result
 
 

@@ -21,7 +21,8 @@ FAKE_PYTHON = """#!/usr/bin/env bash
 # python3 for the block scripts: pytest and the serving script leave a trace.
 if [ "$1" = -m ] && [ "$2" = pytest ]; then
   echo "pytest $*" >>"$BLOCK_CALLS"
-  sleep 1  # long enough for the clocks' logger to have started
+  # Until the clocks' logger has started (the block kills it when it ends).
+  for _ in $(seq 100); do [ -e "$BLOCK_CALLS.smi" ] && break; sleep 0.1; done
   exit 0
 fi
 if [ "$1" = benchmark/serving_prefill_graph.py ]; then
@@ -37,12 +38,13 @@ echo "unexpected python3 $*" >>"$BLOCK_CALLS"
 exit 3
 """
 
-# nvidia-smi as a driver that knows the clock reasons by their older name; the
-# logger's command line is recorded.
+# nvidia-smi as a driver that knows the clock reasons by their older name only
+# (a query with the newer name fails whole, as a real one does); the logger's
+# command line is recorded once it has written its first line.
 FAKE_NVIDIA_SMI = """#!/usr/bin/env bash
 case "$*" in
-  *-lms*) echo "$*" >>"$BLOCK_CALLS.smi"; echo timestamp ;;
   *clocks_event_reasons*) exit 6 ;;
+  *-lms*) echo timestamp; echo "$*" >>"$BLOCK_CALLS.smi" ;;
 esac
 exit 0
 """
@@ -130,6 +132,7 @@ def test_run_block_runs_each_step_and_keeps_what_it_needs(block):
     # The GPU's clocks every 100 ms, with the clock reasons the driver answers.
     logger = (tmp / "calls.log.smi").read_text()
     assert "-lms 100" in logger and ",clocks_throttle_reasons.active " in logger
+    assert "clocks_event_reasons" not in logger
     assert (res / "gpu_clocks.csv").read_text() == "timestamp\n"
 
 

@@ -400,6 +400,7 @@ def test_recover_rebuilds_a_mode_cut_short_from_the_jsonl_rows(tmp_path):
         "bench_2_d.jsonl": _row("breakable", 16, 1, 1.0, float("inf"), 1, 1.0),
     }
     for name, row in rows.items():
+        row["ttfts"], row["errors"] = [0.026, 0.0], ["", "server gone"]
         (logs / name).write_text(json.dumps({"ignored": 1}) + "\n" + json.dumps(row))
     (logs / "server_full.log").write_text(
         "[2026-12-01 20:05:24] sglang-graphfix 0.1.0: applied 20 patches\n"
@@ -409,6 +410,8 @@ def test_recover_rebuilds_a_mode_cut_short_from_the_jsonl_rows(tmp_path):
     full = recovered["full"]
     assert list(full["runs"]) == ["chat rate 8", "1 x 16 tokens"]  # WORKLOADS order
     assert full["runs"]["1 x 16 tokens"]["median_ttft_ms"] == 26.0
+    # Each request's (--output-details), a failed one as None, not sglang's 0.
+    assert full["runs"]["1 x 16 tokens"]["ttfts_ms"] == [26.0, None]
     assert full["recovered_from_jsonl"] == ["1 x 16 tokens", "chat rate 8"]
     assert full["server_log"]["ready_s"] == 134.0
     assert full["server_log"]["graphfix_line"].endswith("applied 20 patches")

@@ -7,12 +7,7 @@ import gzip
 import json
 import types
 
-import torch
 from benchmark_modules import load_benchmark
-
-from sglang.srt.model_executor.forward_batch_info import ForwardMode
-from sglang.srt.utils.nvtx_utils import profile_range
-from sglang.srt.utils.profile_utils import build_step_span_name
 
 
 def _trace(folder, events):
@@ -223,6 +218,12 @@ def test_sglang_s_own_step_spans_in_a_real_profiler_trace(tmp_path):
     profile_range) in a trace torch's profiler wrote (CPU activity only: no
     device op, so the forwards' device times are None, not 0); a decode step's
     span is not a prefill forward."""
+    import torch
+
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.utils.nvtx_utils import profile_range
+    from sglang.srt.utils.profile_utils import build_step_span_name
+
     trace_summary = load_benchmark("trace_summary")
     extend = types.SimpleNamespace(
         forward_mode=ForwardMode.EXTEND, batch_size=2, extend_num_tokens=128
