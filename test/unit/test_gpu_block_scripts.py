@@ -28,12 +28,19 @@ fi
 if [ "$1" = benchmark/serving_prefill_graph.py ]; then
   shift
   echo "serving [$*] FOO=${FOO:-unset}" >>"$BLOCK_CALLS"
+  echo "env ${GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST:-unset} $PYTHONPATH" \
+    >>"$BLOCK_CALLS.env"
   mkdir -p "$OUT/logs"
   echo '{"modes": {}}' >"$OUT/serving_prefill_graph.json"
   echo server >"$OUT/logs/server_full.log"
   head -c 4096 /dev/urandom >"$OUT/logs/rank0.trace.json.gz"
   exit 0
 fi
+case "$1" in benchmark/trace_summary.py | benchmark/profile_diff.py)
+  echo "post $*" >>"$BLOCK_CALLS"
+  echo '{}'
+  exit 0
+esac
 echo "unexpected python3 $*" >>"$BLOCK_CALLS"
 exit 3
 """
@@ -179,3 +186,37 @@ def test_poll_block_says_when_parts_would_not_come_back(block):
     polled = _run("poll_block.sh", ["5"], env)
     assert polled.returncode == 0, polled.stderr
     assert "9 parts, only the first 8 come back" in polled.stdout
+
+
+def test_next_block_runs_the_planned_steps_and_summarises_them(block):
+    """next_block.sh: the planned serving steps through run_block.sh (the first
+    with the test probe on the path and the full server's length bound at 0),
+    then each report's traces summarised and the servers diffed into
+    RES/post."""
+    tmp, env = block
+    env["PYTHONPATH"] = "/site"
+    done = _run("next_block.sh", [], env)
+    assert done.returncode == 0, done.stderr
+    res = tmp / "res"
+    calls = (tmp / "calls.log").read_text().splitlines()
+    serving = [c for c in calls if c.startswith("serving")]
+    assert serving == [
+        "serving [--model nemotron-h-8b --context-length 8192 --modes "
+        "breakable,full,disabled --workloads sizes --profile "
+        "1_x_512_tokens,1_x_2048_tokens] FOO=unset",
+        "serving [--model granite-4.0-h-micro --modes full,breakable --workloads "
+        "burst,long --profile 1_x_16_tokens,8_x_64_tokens] FOO=unset",
+    ]
+    first, second = (tmp / "calls.log.env").read_text().splitlines()
+    assert first == f"env 0 {ROOT}/test/gpu/probe:/site"
+    assert second == "env unset /site"
+    for run in ("serving", "serving_2"):
+        report = res / run / "serving_prefill_graph.json"
+        assert f"post benchmark/trace_summary.py {report}" in calls
+        profile = res / "post" / f"{run}_profile.json"
+        assert profile.read_text() == "{}\n"
+        diff = f"post benchmark/profile_diff.py {profile} --a full --b breakable"
+        assert f"{diff} --ops host_runtime" in calls
+        assert (res / "post" / f"{run}_full_vs_breakable_kernels.txt").exists()
+    assert "post rc=0" in (res / "progress.log").read_text()
+    assert (res / "DONE").exists()

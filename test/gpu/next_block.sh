@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The next GPU block as planned in docs/mamba2_full_prefill_graph.md ("The next
+# block"), through run_block.sh, so that a session lent a machine starts it in
+# one call (a run's command line is limited to 2,000 characters):
+#   . test/gpu/device_setup.sh && { GRAPHFIX_COMMIT=<sha> RES=/tmp/res \
+#     setsid nohup bash test/gpu/next_block.sh >/tmp/block.log 2>&1 </dev/null & }
+# then only polling calls, back to back: RES=/tmp/res bash test/gpu/poll_block.sh 240
+#  1. Nemotron-H-8B's dimensions, breakable, full and disabled servers in one
+#     invocation, the full server's length bound at 0 (every batch eager, the
+#     test probe's switch): why its eager prefill differs from breakable's
+#     (profiled at one prompt of 512 and of 2048 tokens).
+#  2. Granite-4.0-H-Micro's layout, full and breakable, bursts and long prompts,
+#     profiled at 1 x 16 and 8 x 64 tokens (the host time before each replay).
+# POST: each served report's traces summarised (trace_summary.py) and the
+# servers diffed (profile_diff.py: device ops, and the CUDA runtime's calls)
+# into RES/post, on the device (the traces may be too large to come back).
+# The plan's third step (the shipped bound served) is a block of its own.
+set -u
+cd "$(dirname "$0")/../.."
+mkdir -p /tmp/probe
+probe="PYTHONPATH=$PWD/test/gpu/probe:${PYTHONPATH:-} GRAPHFIX_PROBE_DIR=/tmp/probe"
+export POST='
+res=${RES:-/tmp/res}
+for run in serving serving_2; do
+  report=$res/$run/serving_prefill_graph.json
+  [ -e "$report" ] || continue
+  python3 benchmark/trace_summary.py "$report" >"$OUT/${run}_profile.json" || continue
+  for pair in "full breakable" "full disabled" "breakable disabled"; do
+    set -- $pair
+    for ops in kernels host_runtime; do
+      python3 benchmark/profile_diff.py "$OUT/${run}_profile.json" --a "$1" --b "$2" \
+        --ops "$ops" >"$OUT/${run}_${1}_vs_${2}_${ops}.txt" 2>&1 || true
+    done
+  done
+done'
+exec bash test/gpu/run_block.sh "" "" \
+  "$probe GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST=0 --model nemotron-h-8b --context-length 8192 --modes breakable,full,disabled --workloads sizes --profile 1_x_512_tokens,1_x_2048_tokens" \
+  "--model granite-4.0-h-micro --modes full,breakable --workloads burst,long --profile 1_x_16_tokens,8_x_64_tokens"
