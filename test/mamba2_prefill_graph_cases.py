@@ -7,6 +7,7 @@ the Triton-interpreter script
 (test/unit/srt/layers/attention/mamba/test_mamba2_prefill_graph.py,
 interpret_mamba2_prefill_graph.py)."""
 
+import dataclasses
 import random
 import types
 from types import SimpleNamespace
@@ -443,3 +444,101 @@ def graph_runtime(case):
             lambda: case.cache_chunk,
         ),
     ]  # fmt: skip
+
+
+# ---- the table-fill kernel (sglang_graphfix_kernel.mamba2_prefill_tables) ----
+
+
+def _padded_inputs(case, lens, prefix, rows, device):
+    """The runner's padded [R] inputs for ``lens`` over ``rows``."""
+    pad = [0] * (case.slots - len(lens))
+    return dict(
+        extend_seq_lens=torch.tensor([*lens, *pad], device=device),
+        extend_prefix_lens=torch.tensor([*prefix, *pad], device=device),
+        slots=Pool().get_mamba_indices(torch.tensor([*rows, *pad], device=device)),
+    )
+
+
+def _fill_both_ways(case, inputs, track_inputs, *, conv_blocks, track_rows, device):
+    """The torch fill and the kernel's, each on freshly allocated tables."""
+    filled = []
+    for kernel in (False, True):
+        tables = ours.Mamba2PrefillGraphTables.allocate(
+            num_tokens=case.bucket, max_requests=case.slots, chunk_size=case.chunk,
+            cache_index_dtype=torch.int32, device=device, conv_blocks=conv_blocks,
+        )  # fmt: skip
+        track = (
+            ours.Mamba2PrefillTrackTables.allocate(
+                max_requests=case.slots,
+                num_rows=track_rows,
+                conv_len=CONV_LEN,
+                device=device,
+            )  # fmt: skip
+            if track_rows
+            else None
+        )
+        for t in (tables, track):  # garbage in, so that a missed write shows
+            for field in dataclasses.fields(t) if t is not None else ():
+                value = getattr(t, field.name)
+                if isinstance(value, torch.Tensor):
+                    value.copy_(torch.randint(-7, 7, value.shape).to(value))
+        ours.fill_mamba2_tables(
+            tables, track, **inputs, **track_inputs,
+            cache_chunk_size=case.cache_chunk, on_device=kernel,
+        )  # fmt: skip
+        filled.append((tables, track))
+    return filled
+
+
+def _fill_mismatches(filled):
+    (tables, track), (k_tables, k_track) = filled
+    out = []
+    for ref, got in ((tables, k_tables), (track, k_track)):
+        if ref is None:
+            continue
+        for field in dataclasses.fields(ref):
+            a, b = getattr(ref, field.name), getattr(got, field.name)
+            if isinstance(a, torch.Tensor) and not torch.equal(a, b):
+                out.append(f"{type(ref).__name__}.{field.name}")
+    return out
+
+
+def table_fill_cases(seeds, device):
+    """Per seed, the replay batch and the bucket's capture batch filled both ways
+    (the torch fill, the kernel's) on ``device``: one dict per batch with the
+    tables that differ ("mismatches"). A third of the buckets have the conv
+    block table; a snapshot plan where the case tracks, or, on odd seeds, with
+    filler rows only."""
+    none = dict(track_mask=None, track_seq_lens=None, track_slots=None)
+    for seed in seeds:
+        case = make_case(seed)
+        conv_blocks = seed % 3 != 0
+        K = track_rows(case.bucket, case.slots, case.cache_chunk)
+        track_inputs = none
+        if case.tracked is not None:
+            track_inputs = dict(
+                track_mask=torch.tensor(case.tracked, device=device),
+                track_seq_lens=torch.tensor(case.track_lens, device=device),
+                track_slots=torch.tensor(case.track_dst, device=device),
+            )
+        rows = K if case.tracked is not None or seed % 2 else 0
+        for label, lens, prefix, req_rows, tracks in (
+            ("replay", case.lens, case.prefix, case.rows, track_inputs),
+            ("capture", [case.bucket], [0], [1], none),
+        ):
+            inputs = _padded_inputs(case, lens, prefix, req_rows, device)
+            filled = _fill_both_ways(
+                case, inputs, tracks, conv_blocks=conv_blocks, track_rows=rows,
+                device=device,
+            )  # fmt: skip
+            yield {
+                "seed": seed,
+                "batch": label,
+                "bucket": case.bucket,
+                "slots": case.slots,
+                "requests": len(lens),
+                "tracked": bool(tracks["track_mask"] is not None and any(case.tracked)),
+                "track_rows": rows,
+                "conv_blocks": conv_blocks,
+                "mismatches": _fill_mismatches(filled),
+            }

@@ -13,7 +13,10 @@
 #     profiled at 1 x 16 and 8 x 64 tokens (the host time before each replay).
 # POST: each served report's traces summarised (trace_summary.py) and the
 # servers diffed (profile_diff.py: device ops, and the CUDA runtime's calls)
-# into RES/post, on the device (the traces may be too large to come back).
+# into RES/post, on the device (the traces may be too large to come back); then,
+# if the block's time allows, the Mamba2 table-fill kernel on the GPU
+# (MAMBA2_TABLE_FILL_KERNEL: its kernel-level case and the graph vs eager cases
+# with it on).
 # The plan's third step (the shipped bound served) is a block of its own.
 set -u
 cd "$(dirname "$0")/../.."
@@ -32,7 +35,9 @@ for run in serving serving_2; do
         --ops "$ops" >"$OUT/${run}_${1}_vs_${2}_${ops}.txt" 2>&1 || true
     done
   done
-done'
+done
+timeout 300 python3 -m pytest test/gpu/test_mamba2_extend_graph.py -k fill_kernel \
+  -q -rA -p no:cacheprovider >"$OUT/mamba2_table_fill_kernel.log" 2>&1'
 exec bash test/gpu/run_block.sh "" "" \
   "$probe GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST=0 --model nemotron-h-8b --context-length 8192 --modes breakable,full,disabled --workloads sizes --profile 1_x_512_tokens,1_x_2048_tokens" \
   "--model granite-4.0-h-micro --modes full,breakable --workloads burst,long --profile 1_x_16_tokens,8_x_64_tokens"

@@ -30,18 +30,35 @@ def run_case():
     return run_case
 
 
-@pytest.mark.parametrize("conv_block_table", [False, True], ids=["", "conv_table"])
+@pytest.mark.parametrize(
+    "conv_block_table, table_fill_kernel",
+    [(False, False), (True, False), (True, True)],
+    ids=["", "conv_table", "conv_table_fill_kernel"],
+)
 @pytest.mark.parametrize("seed", range(CASES))
 def test_replayed_graph_equals_the_eager_extend(
-    run_case, seed, conv_block_table, monkeypatch
+    run_case, seed, conv_block_table, table_fill_kernel, monkeypatch
 ):
     """Also with the conv launched on the bucket's block table
     (MAMBA2_CONV_BLOCK_TABLE, off as shipped): the same numbers either way, so the
-    kernel's launches are recorded to show which one ran."""
+    kernel's launches are recorded to show which one ran; and with the tables
+    refilled by sgl-kernel's one-launch fill (MAMBA2_TABLE_FILL_KERNEL, off as
+    shipped) instead of the torch ops."""
     import sglang.kernels.ops.mamba.causal_conv1d_triton as triton_conv
     from sglang_graphfix.srt import full_prefill_graph_capability as capability
+    from sglang_graphfix.srt.layers.attention.mamba import mamba2_prefill_graph
 
     monkeypatch.setattr(capability, "MAMBA2_CONV_BLOCK_TABLE", conv_block_table)
+    monkeypatch.setattr(capability, "MAMBA2_TABLE_FILL_KERNEL", table_fill_kernel)
+    kernel_fills, fill = [], mamba2_prefill_graph.fill_mamba2_prefill_tables
+
+    def counted_fill(*args, **kwargs):
+        kernel_fills.append(1)
+        return fill(*args, **kwargs)
+
+    monkeypatch.setattr(
+        mamba2_prefill_graph, "fill_mamba2_prefill_tables", counted_fill
+    )
     kernel, flags = triton_conv._causal_conv1d_fwd_kernel, []
 
     class Recorded:
@@ -59,8 +76,20 @@ def test_replayed_graph_equals_the_eager_extend(
     # The eager extend never has a table; the captured one has one exactly when
     # the switch is on.
     assert False in flags and (True in flags) is conv_block_table, flags
+    assert bool(kernel_fills) is table_fill_kernel  # the one-launch fill ran
     assert result["finite"], result
     assert max(result[k] for k in ("out", "conv_pool", "ssm_pool")) < TOLERANCE, result
+
+
+def test_table_fill_kernel_equals_the_torch_fill():
+    """sgl-kernel's Mamba2 table fill, compiled, against the torch fill on the
+    same random replay and capture batches (the CPU test runs it in Triton's
+    interpreter: test/unit/sgl_kernel/test_mamba2_prefill_tables.py)."""
+    from mamba2_prefill_graph_cases import table_fill_cases
+
+    results = list(table_fill_cases(range(CASES), device="cuda"))
+    assert any(r["tracked"] for r in results)
+    assert not [r for r in results if r["mismatches"]]
 
 
 @pytest.mark.parametrize(

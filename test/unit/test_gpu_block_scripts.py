@@ -218,5 +218,9 @@ def test_next_block_runs_the_planned_steps_and_summarises_them(block):
         diff = f"post benchmark/profile_diff.py {profile} --a full --b breakable"
         assert f"{diff} --ops host_runtime" in calls
         assert (res / "post" / f"{run}_full_vs_breakable_kernels.txt").exists()
+    # Then the Mamba2 table-fill kernel's GPU cases.
+    assert calls[-1].startswith(
+        "pytest -m pytest test/gpu/test_mamba2_extend_graph.py -k fill_kernel"
+    )
     assert "post rc=0" in (res / "progress.log").read_text()
     assert (res / "DONE").exists()

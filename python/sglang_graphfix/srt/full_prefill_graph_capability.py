@@ -183,6 +183,15 @@ REQUEST_BUCKET_MAX_TOKENS = 512
 # eager runs with it (test probe GRAPHFIX_PROBE_MAMBA2_CONV_BLOCK_TABLE; that
 # block ended before it did).
 MAMBA2_CONV_BLOCK_TABLE = False
+# A Mamba2 full graph's tables (and snapshot plan) refilled before each replay in
+# one Triton launch (sglang_graphfix_kernel.mamba2_prefill_tables) instead of
+# about 45 small torch ops, and about 75 more where the bucket has a snapshot
+# plan, each a launch on the host (issue 13's host time before a replay). Equal
+# to the torch fill in Triton's CPU interpreter over random batches
+# (test/unit/sgl_kernel/test_mamba2_prefill_tables.py); off until an H200 runs it
+# (the kernel-level case in test_mamba2_extend_graph.py, and a tiny engine's
+# graph vs eager with the test probe's GRAPHFIX_PROBE_MAMBA2_TABLE_FILL_KERNEL).
+MAMBA2_TABLE_FILL_KERNEL = False
 
 
 def mamba2_request_buckets(num_tokens: int, slots: int) -> tuple[int, ...]:

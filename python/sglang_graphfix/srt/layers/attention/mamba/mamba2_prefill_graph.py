@@ -80,6 +80,12 @@ from sglang_graphfix.srt.layers.attention.linear.kda_prefill_graph import (
     bucket_tables,
     request_slots,
 )
+from sglang_graphfix_kernel.mamba2_prefill_tables import (
+    Mamba2TableConstants,
+    Mamba2TableViews,
+    Mamba2TrackViews,
+    fill_mamba2_prefill_tables,
+)
 
 # The mamba pools reserve slot 0 for padding (the runner's padded request rows
 # carry request-pool row 0, which maps to it): the tail sequence writes there.
@@ -439,15 +445,87 @@ def full_prefill_graph_metadata(
     )
     if not in_capture:
         _check_tracked_requests(forward_batch, meta, bucket)
-    meta.tables.fill(
+    fill_mamba2_tables(
+        meta.tables,
+        meta.track,
         extend_seq_lens=forward_batch.extend_seq_lens,
         extend_prefix_lens=forward_batch.extend_prefix_lens,
         slots=slots,
+        **_track_inputs(backend, forward_batch, meta),
+        cache_chunk_size=mamba_cache_chunk_size(),
+        on_device=(
+            capability.MAMBA2_TABLE_FILL_KERNEL
+            and meta.tables.seq_idx.device.type == "cuda"
+        ),
     )
-    if meta.track is not None:
-        _fill_track(backend, forward_batch, meta)
     backend.forward_metadata = meta
     return meta
+
+
+def fill_mamba2_tables(
+    tables: Mamba2PrefillGraphTables,
+    track: Mamba2PrefillTrackTables | None,
+    *,
+    extend_seq_lens: torch.Tensor,
+    extend_prefix_lens: torch.Tensor,
+    slots: torch.Tensor,
+    track_mask: torch.Tensor | None,
+    track_seq_lens: torch.Tensor | None,
+    track_slots: torch.Tensor | None,
+    cache_chunk_size: int,
+    on_device: bool,
+) -> None:
+    """Refill a bucket's tables and snapshot plan (``track``, where it has one)
+    for a batch of [R] device tensors; the track inputs may hold only the
+    batch's rows, or be None (nothing tracked). ``on_device``: one launch of
+    sglang_graphfix_kernel.mamba2_prefill_tables; else the torch fills above
+    (about 45 launches, and about 75 more with a snapshot plan)."""
+    if on_device:
+        fill_mamba2_prefill_tables(
+            Mamba2TableViews(*(getattr(tables, f) for f in Mamba2TableViews._fields)),
+            (
+                Mamba2TrackViews(*(getattr(track, f) for f in Mamba2TrackViews._fields))
+                if track is not None
+                else None
+            ),
+            extend_seq_lens=extend_seq_lens,
+            extend_prefix_lens=extend_prefix_lens,
+            slots=slots,
+            track_mask=track_mask,
+            track_seq_lens=track_seq_lens,
+            track_slots=track_slots,
+            constants=Mamba2TableConstants(
+                chunk=tables.chunk_size,
+                conv_block=CAUSAL_CONV1D_FWD_BLOCK_M,
+                cache_chunk=cache_chunk_size,
+                pad_slot=PADDING_SLOT,
+                conv_pad=PAD_SLOT_ID,
+                track_none=TRACK_NONE,
+                track_final=TRACK_FINAL_STATE,
+                track_grid=TRACK_GRID_STATE,
+                track_recompute=TRACK_RECOMPUTE_STATE,
+            ),
+        )
+        return
+    tables.fill(
+        extend_seq_lens=extend_seq_lens,
+        extend_prefix_lens=extend_prefix_lens,
+        slots=slots,
+    )
+    if track is None:
+        return
+    if track_mask is None:
+        R, device = tables.max_requests, tables.seq_idx.device
+        track_mask = torch.zeros(R, dtype=torch.bool, device=device)
+        track_seq_lens = track_slots = torch.zeros(R, dtype=torch.int64, device=device)
+    track.fill(
+        tables,
+        track_mask=track_mask,
+        track_seq_lens=track_seq_lens,
+        track_slots=track_slots,
+        extend_prefix_lens=extend_prefix_lens,
+        cache_chunk_size=cache_chunk_size,
+    )
 
 
 def _allocate_metadata(backend, forward_batch, cache_index_dtype):
@@ -492,25 +570,16 @@ def _check_tracked_requests(forward_batch, meta, bucket: int) -> None:
         )
 
 
-def _fill_track(backend, forward_batch, meta: Mamba2FullGraphMetadata) -> None:
+def _track_inputs(backend, forward_batch, meta: Mamba2FullGraphMetadata) -> dict:
     """The eager track selection's inputs (MambaAttnBackendBase._forward_metadata:
-    the mask, the tracked lengths, the translated track slots); none tracks
-    nothing (e.g. a replay without the track slots)."""
+    the mask, the tracked lengths, the translated track slots), all None where
+    the bucket has no snapshot plan or the batch tracks nothing (e.g. a replay
+    without the track slots)."""
     mask = forward_batch.mamba_track_mask
-    R, device = meta.tables.max_requests, meta.tables.seq_idx.device
-    if mask is None:
-        mask = torch.zeros(R, dtype=torch.bool, device=device)
-        lens = track_slots = torch.zeros(R, dtype=torch.int64, device=device)
-    else:
-        lens = forward_batch.mamba_track_seqlens
-        track_slots = backend._translate_mamba_indices(
-            forward_batch.mamba_track_indices
-        )
-    meta.track.fill(
-        meta.tables,
+    if meta.track is None or mask is None:
+        return dict(track_mask=None, track_seq_lens=None, track_slots=None)
+    return dict(
         track_mask=mask,
-        track_seq_lens=lens,
-        track_slots=track_slots,
-        extend_prefix_lens=forward_batch.extend_prefix_lens,
-        cache_chunk_size=mamba_cache_chunk_size(),
+        track_seq_lens=forward_batch.mamba_track_seqlens,
+        track_slots=backend._translate_mamba_indices(forward_batch.mamba_track_indices),
     )

@@ -1,0 +1,34 @@
+"""sgl-kernel's Mamba2 prefill-graph table fill (one Triton program) in Triton's
+CPU interpreter, on test/mamba2_prefill_graph_cases.py's random batches padded as
+the full prefill runner pads a replay, and on each bucket's capture batch, with
+and without the conv block table and a snapshot plan: every table equals the
+torch fill (Mamba2PrefillGraphTables.fill, Mamba2PrefillTrackTables.fill), which
+test_mamba2_prefill_graph.py holds against sglang's eager builders."""
+
+from pathlib import Path
+
+import pytest
+from triton_interpreter import run_interpreted
+
+SCRIPT = Path(__file__).with_name("interpret_mamba2_prefill_tables.py")
+CASES = 24
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_interpreted(SCRIPT, timeout=600, CASES=str(CASES))
+
+
+def test_the_cases_cover_padding_prefixes_snapshots_and_both_conv_launches(results):
+    assert len(results) == 2 * CASES
+    replays = [r for r in results if r["batch"] == "replay"]
+    assert any(r["tracked"] for r in replays)
+    assert any(r["track_rows"] and not r["tracked"] for r in results)  # fillers only
+    assert any(not r["track_rows"] for r in results)
+    assert any(r["requests"] < r["slots"] for r in replays)
+    assert {r["conv_blocks"] for r in results} == {True, False}
+
+
+def test_kernel_tables_equal_the_torch_fill(results):
+    bad = [r for r in results if r["mismatches"]]
+    assert not bad, bad
