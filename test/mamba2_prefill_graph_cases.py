@@ -503,6 +503,37 @@ def _fill_mismatches(filled):
     return out
 
 
+def production_case(slots, bucket, chunk, cache_chunk, seed):
+    """A batch of the shapes a served full graph has (16 request slots at
+    sglang's default chunking, 32 at 16384, buckets up to 8192 tokens, chunks
+    of 128 or 256): up to ``slots`` requests, zero-length ones among them, the
+    last tracked ones at a length off the chunk grid."""
+    rng = random.Random(seed)
+    bs = rng.randint(max(1, slots - 3), slots)
+    lens = [rng.choice([0, 1, chunk - 1, chunk, 2 * chunk + 3, cache_chunk + 5])
+            for _ in range(bs)]  # fmt: skip
+    lens[0] = max(lens[0], 1)
+    while sum(lens) > bucket:
+        lens[lens.index(max(lens))] //= 2
+    if seed % 2:  # a batch that fills the bucket: no tail
+        lens[-1] += bucket - sum(lens)
+    prefix = [rng.choice([0, 0, chunk, 3 * chunk + 1]) for _ in lens]
+    tracked = [n >= cache_chunk and rng.random() < 0.7 for n in lens]
+    track_lens = [p + max(1, n - rng.randint(0, chunk)) for n, p in zip(lens, prefix)]
+    return SimpleNamespace(
+        chunk=chunk, bucket=bucket, slots=slots, lens=lens, prefix=prefix,
+        rows=rng.sample(range(1, len(SLOT_OF_ROW)), bs), tracked=tracked,
+        track_lens=track_lens, track_dst=[100 + r for r in range(bs)],
+        cache_chunk=cache_chunk,
+    )  # fmt: skip
+
+
+# (slots, bucket, chunk, cache chunk): the lane widths (16, 32, 64) and the
+# largest tables a served full graph refills.
+PRODUCTION_SHAPES = ((1, 8192, 256, 256), (16, 8192, 128, 256), (17, 4096, 256, 512),
+                     (48, 8192, 256, 512))  # fmt: skip
+
+
 def table_fill_cases(seeds, device):
     """Per seed, the replay batch and the bucket's capture batch filled both ways
     (the torch fill, the kernel's) on ``device``: one dict per batch with the
@@ -510,8 +541,12 @@ def table_fill_cases(seeds, device):
     block table; a snapshot plan where the case tracks, or, on odd seeds, with
     filler rows only."""
     none = dict(track_mask=None, track_seq_lens=None, track_slots=None)
-    for seed in seeds:
-        case = make_case(seed)
+    production = [
+        production_case(*shape, seed=n) for n, shape in enumerate(PRODUCTION_SHAPES)
+    ]
+    for seed, case in [(s, make_case(s)) for s in seeds] + [
+        (-1 - n, case) for n, case in enumerate(production)
+    ]:
         conv_blocks = seed % 3 != 0
         K = track_rows(case.bucket, case.slots, case.cache_chunk)
         track_inputs = none

@@ -13,7 +13,10 @@ nothing waits for the device); those torch fills stay the reference it is
 tested against and the path off CUDA.
 
 R request slots, then the bucket's tail (sequence R: the tokens past the
-batch); rows ``>= n_track`` of the track inputs are not tracked.
+batch); rows ``>= n_track`` of the track inputs are not tracked. Lengths are
+non-negative (Triton's ``//`` and ``%`` truncate where torch's floor: they
+differ only below zero, e.g. a tracked length under its cached prefix, which
+sglang never sends).
 """
 
 from __future__ import annotations
@@ -236,8 +239,12 @@ def fill_mamba2_prefill_tables(
     T = tables.seq_idx.shape[-1]
     K = 0 if track is None else track.src.shape[0]
     n_track = 0 if track_mask is None else track_mask.shape[0]
-    if track_mask is None:  # unused pointers
-        track_mask = track_seq_lens = track_slots = extend_seq_lens
+    # What the torch fills assert: the kernel would write past the tables.
+    assert tables.query_start_loc.shape[0] == R + 2, (tables.query_start_loc.shape, R)
+    assert n_track <= R and K <= R, (n_track, K, R)
+    if track_mask is None:  # never read; of the usual dtypes (one compile)
+        track_mask = tables.has_initial_states
+        track_seq_lens = track_slots = extend_seq_lens if track is None else track.src
     conv_table = tables.conv_block_table
     dummy = tables.chunk_indices  # for absent outputs: never written
     track_out = track or Mamba2TrackViews(*([dummy] * 6))

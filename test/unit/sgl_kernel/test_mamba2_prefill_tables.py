@@ -1,6 +1,8 @@
 """sgl-kernel's Mamba2 prefill-graph table fill (one Triton program) in Triton's
 CPU interpreter, on test/mamba2_prefill_graph_cases.py's random batches padded as
-the full prefill runner pads a replay, and on each bucket's capture batch, with
+the full prefill runner pads a replay and on batches of a served graph's shapes
+(PRODUCTION_SHAPES: up to 48 request slots, 8192 tokens), and on each bucket's
+capture batch, with
 and without the conv block table and a snapshot plan: every table equals the
 torch fill (Mamba2PrefillGraphTables.fill, Mamba2PrefillTrackTables.fill), which
 test_mamba2_prefill_graph.py holds against sglang's eager builders."""
@@ -8,6 +10,7 @@ test_mamba2_prefill_graph.py holds against sglang's eager builders."""
 from pathlib import Path
 
 import pytest
+from mamba2_prefill_graph_cases import PRODUCTION_SHAPES
 from triton_interpreter import run_interpreted
 
 SCRIPT = Path(__file__).with_name("interpret_mamba2_prefill_tables.py")
@@ -20,7 +23,10 @@ def results():
 
 
 def test_the_cases_cover_padding_prefixes_snapshots_and_both_conv_launches(results):
-    assert len(results) == 2 * CASES
+    assert len(results) == 2 * (CASES + len(PRODUCTION_SHAPES))
+    # A served graph's shapes: lane widths 16, 32 and 64, buckets of 8192 tokens.
+    assert {r["slots"] for r in results} >= {1, 16, 17, 48}
+    assert max(r["bucket"] for r in results) == 8192
     replays = [r for r in results if r["batch"] == "replay"]
     assert any(r["tracked"] for r in replays)
     assert any(r["track_rows"] and not r["tracked"] for r in results)  # fillers only
