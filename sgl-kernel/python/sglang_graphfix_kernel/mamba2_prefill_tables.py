@@ -35,6 +35,13 @@ def _pick(values, index, lanes):
     return tl.sum(tl.where(lanes[None, :] == index[:, None], values[None, :], 0), 1)
 
 
+@triton.jit
+def _owner(ends, row, seq):
+    """Per table row, the sequence (of ``seq``'s lanes) whose rows hold it: how
+    many end at or before it (searchsorted(ends, row, right=True))."""
+    return tl.sum(((ends[None, :] <= row[:, None]) & seq[None, :]).to(tl.int64), 1)
+
+
 @triton.jit(do_not_specialize=["n_track", "R", "T", "NC", "NB", "K"])
 def _fill_mamba2_prefill_tables(
     lens_ptr,  # [R] extend lengths
@@ -99,8 +106,8 @@ def _fill_mamba2_prefill_tables(
     # Each token's sequence: how many sequences end at or before it.
     for start in range(0, T, BLOCK_ROWS):
         token = start + tl.arange(0, BLOCK_ROWS)
-        before = (seq_ends[None, :] <= token[:, None]) & seq[None, :]
-        tl.store(seq_idx_ptr + token, tl.sum(before.to(tl.int32), 1), mask=token < T)
+        owner = _owner(seq_ends, token, seq)
+        tl.store(seq_idx_ptr + token, owner.to(tl.int32), mask=token < T)
 
     # The SSD's logical chunks: sequence i covers entries [first_i, last_i),
     # shifted by the p_i sequence starts off the chunk grid up to it.
@@ -109,9 +116,7 @@ def _fill_mamba2_prefill_tables(
     last_entry = (seq_ends + C - 1) // C + p
     for start in range(0, NC, BLOCK_ROWS):
         entry = start + tl.arange(0, BLOCK_ROWS)
-        owner = tl.sum(
-            ((last_entry[None, :] <= entry[:, None]) & seq[None, :]).to(tl.int64), 1
-        )
+        owner = _owner(last_entry, entry, seq)
         live = owner <= R
         owner = tl.minimum(owner, R)
         offset = tl.where(
@@ -128,9 +133,7 @@ def _fill_mamba2_prefill_tables(
         block_ends = tl.cumsum(n_blocks, 0)
         for start in range(0, NB, BLOCK_ROWS):
             row = start + tl.arange(0, BLOCK_ROWS)
-            owner = tl.sum(
-                ((block_ends[None, :] <= row[:, None]) & seq[None, :]).to(tl.int64), 1
-            )
+            owner = _owner(block_ends, row, seq)
             live = owner <= R
             owner = tl.minimum(owner, R)
             block = row - (_pick(block_ends, owner, s) - _pick(n_blocks, owner, s))
@@ -150,10 +153,8 @@ def _fill_mamba2_prefill_tables(
         count = tl.cumsum(tracked.to(tl.int64), 0)
         k = tl.arange(0, BLOCK_S)
         row_live = k < K
-        # searchsorted(count over the R slots, k + 1): the slots counted below k + 1.
-        src = tl.sum(
-            ((count[None, :] < (k[:, None] + 1)) & slot[None, :]).to(tl.int64), 1
-        )
+        # searchsorted(count, k + 1): the slots with at most k tracked up to them.
+        src = _owner(count, k, slot)
         live = src < R
         request = tl.where(live, src, 0)
         row_start = _pick(starts, src, s)
