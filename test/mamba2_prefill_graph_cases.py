@@ -164,6 +164,17 @@ def live_batch(case, device="cpu"):
     return _on(batch, device)
 
 
+def padded_inputs(case, lens, prefix, rows, device):
+    """The runner's padded [R] inputs for ``lens`` over ``rows``: zero-length
+    request slots on pool row 0 past them."""
+    pad = [0] * (case.slots - len(lens))
+    return dict(
+        extend_seq_lens=torch.tensor([*lens, *pad], device=device),
+        extend_prefix_lens=torch.tensor([*prefix, *pad], device=device),
+        slots=Pool().get_mamba_indices(torch.tensor([*rows, *pad], device=device)),
+    )
+
+
 def filled_tables(case, device="cpu"):
     tables = Mamba2PrefillGraphTables.allocate(
         num_tokens=case.bucket,
@@ -179,12 +190,7 @@ def filled_tables(case, device="cpu"):
         ([case.bucket], [0], [1]),
         (case.lens, case.prefix, case.rows),
     ):
-        pad = [0] * (case.slots - len(lens))
-        tables.fill(
-            extend_seq_lens=torch.tensor([*lens, *pad], device=device),
-            extend_prefix_lens=torch.tensor([*prefix, *pad], device=device),
-            slots=Pool().get_mamba_indices(torch.tensor([*rows, *pad])).to(device),
-        )
+        tables.fill(**padded_inputs(case, lens, prefix, rows, device))
     return tables
 
 
@@ -449,16 +455,6 @@ def graph_runtime(case):
 # ---- the table-fill kernel (sglang_graphfix_kernel.mamba2_prefill_tables) ----
 
 
-def _padded_inputs(case, lens, prefix, rows, device):
-    """The runner's padded [R] inputs for ``lens`` over ``rows``."""
-    pad = [0] * (case.slots - len(lens))
-    return dict(
-        extend_seq_lens=torch.tensor([*lens, *pad], device=device),
-        extend_prefix_lens=torch.tensor([*prefix, *pad], device=device),
-        slots=Pool().get_mamba_indices(torch.tensor([*rows, *pad], device=device)),
-    )
-
-
 def _fill_both_ways(case, inputs, track_inputs, *, conv_blocks, track_rows, device):
     """The torch fill and the kernel's, each on freshly allocated tables."""
     filled = []
@@ -561,7 +557,7 @@ def table_fill_cases(seeds, device):
             ("replay", case.lens, case.prefix, case.rows, track_inputs),
             ("capture", [case.bucket], [0], [1], none),
         ):
-            inputs = _padded_inputs(case, lens, prefix, req_rows, device)
+            inputs = padded_inputs(case, lens, prefix, req_rows, device)
             filled = _fill_both_ways(
                 case, inputs, tracks, conv_blocks=conv_blocks, track_rows=rows,
                 device=device,
