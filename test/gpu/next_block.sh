@@ -1,28 +1,43 @@
 #!/usr/bin/env bash
-# The next GPU block as planned in docs/mamba2_full_prefill_graph.md ("The next
-# block"), through run_block.sh, so that a session lent a machine starts it in
-# one call (a run's command line is limited to 2,000 characters):
+# The next GPU blocks as planned, through run_block.sh, so that a session lent a
+# machine starts one in one call (a run's command line is limited to 2,000
+# characters):
 #   . test/gpu/device_setup.sh && { GRAPHFIX_COMMIT=<sha> RES=/tmp/res \
-#     setsid nohup bash test/gpu/next_block.sh >/tmp/block.log 2>&1 </dev/null & }
+#     setsid nohup bash test/gpu/next_block.sh [mamba2|qwen3-next] \
+#     >/tmp/block.log 2>&1 </dev/null & }
 # then only polling calls, back to back: RES=/tmp/res bash test/gpu/poll_block.sh 240
+# Each block is about 25 min of a 30-min device budget with the bundle and set-up
+# on a fresh machine: one block a session.
+#
+# mamba2 (the default; issue 16, docs/mamba2_full_prefill_graph.md, "The next block"):
 #  1. Nemotron-H-8B's dimensions, breakable, full and disabled servers in one
 #     invocation, the full server's length bound at 0 (every batch eager, the
 #     test probe's switch): why its eager prefill differs from breakable's
 #     (profiled at one prompt of 512 and of 2048 tokens).
 #  2. Granite-4.0-H-Micro's layout, full and breakable, bursts and long prompts,
 #     profiled at 1 x 16 and 8 x 64 tokens (the host time before each replay).
-# POST: each served report's traces summarised (trace_summary.py) and the
-# servers diffed (profile_diff.py: device ops, and the CUDA runtime's calls)
-# into RES/post, on the device (the traces may be too large to come back); then,
-# if the block's time allows, the Mamba2 table-fill kernel on the GPU
-# (MAMBA2_TABLE_FILL_KERNEL: its kernel-level case and the graph vs eager cases
-# with it on).
-# The plan's third step (the shipped bound served) is a block of its own.
+#  POST: then, if the block's time allows, the Mamba2 table-fill kernel on the GPU
+#     (MAMBA2_TABLE_FILL_KERNEL: its kernel-level case and the graph vs eager cases
+#     with it on).
+#  The plan's third step (the shipped bound served) is a block of its own.
+#
+# qwen3-next (issue 13; docs/next_gpu_blocks.md says what each block answers):
+#  1. Qwen3-Next-80B-A3B's dimensions (FP8), breakable, full and disabled servers
+#     at sglang's default chunking, bursts and long prompts (--quick), each server's
+#     8k-16k run profiled: disabled measured beside the other two, and what the
+#     full server spends where breakable's long prompts come sooner.
+#  2. The same model at --chunked-prefill-size 512, breakable and full, bursts:
+#     issue 13's "8 x 64 tokens at least as fast as breakable" at its settings.
+#
+# POST, both blocks: each served report's traces summarised (trace_summary.py)
+# and the servers diffed (profile_diff.py: device ops, and the CUDA runtime's
+# calls) into RES/post, on the device (the traces may be too large to come back).
 set -u
 cd "$(dirname "$0")/../.."
+block=${1:-mamba2}
 mkdir -p /tmp/probe
 probe="PYTHONPATH=$PWD/test/gpu/probe:${PYTHONPATH:-} GRAPHFIX_PROBE_DIR=/tmp/probe"
-export POST='
+POST='
 res=${RES:-/tmp/res}
 for run in serving serving_2; do
   report=$res/$run/serving_prefill_graph.json
@@ -35,9 +50,24 @@ for run in serving serving_2; do
         --ops "$ops" >"$OUT/${run}_${1}_vs_${2}_${ops}.txt" 2>&1 || true
     done
   done
-done
+done'
+case $block in
+  mamba2)
+    export POST="$POST
 timeout 300 python3 -m pytest test/gpu/test_mamba2_extend_graph.py -k fill_kernel \
-  -q -rA -p no:cacheprovider >"$OUT/mamba2_table_fill_kernel.log" 2>&1'
-exec bash test/gpu/run_block.sh "" "" \
-  "$probe GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST=0 --model nemotron-h-8b --context-length 8192 --modes breakable,full,disabled --workloads sizes --profile 1_x_512_tokens,1_x_2048_tokens" \
-  "--model granite-4.0-h-micro --modes full,breakable --workloads burst,long --profile 1_x_16_tokens,8_x_64_tokens"
+  -q -rA -p no:cacheprovider >\"\$OUT/mamba2_table_fill_kernel.log\" 2>&1"
+    exec bash test/gpu/run_block.sh "" "" \
+      "$probe GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST=0 --model nemotron-h-8b --context-length 8192 --modes breakable,full,disabled --workloads sizes --profile 1_x_512_tokens,1_x_2048_tokens" \
+      "--model granite-4.0-h-micro --modes full,breakable --workloads burst,long --profile 1_x_16_tokens,8_x_64_tokens"
+    ;;
+  qwen3-next)
+    export POST
+    exec bash test/gpu/run_block.sh "" "" \
+      "--model qwen3-next-80b-a3b-fp8 --modes breakable,full,disabled --workloads burst,long --quick --profile long_8k-16k" \
+      "--model qwen3-next-80b-a3b-fp8 --modes breakable,full --workloads burst --quick -- --chunked-prefill-size 512"
+    ;;
+  *)
+    echo "next_block.sh: no block named '$block' (mamba2, qwen3-next)" >&2
+    exit 2
+    ;;
+esac

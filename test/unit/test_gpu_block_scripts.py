@@ -224,3 +224,39 @@ def test_next_block_runs_the_planned_steps_and_summarises_them(block):
     )
     assert "post rc=0" in (res / "progress.log").read_text()
     assert (res / "DONE").exists()
+
+
+def test_next_block_qwen3_next_serves_issue_13s_runs(block):
+    """next_block.sh qwen3-next: the three servers at sglang's default chunking
+    with their long prompts profiled, then breakable and full at a chunked prefill
+    of 512 (the flag after --, for sglang), no probe on the path, the same
+    summaries, and no Mamba2 kernel test after them."""
+    tmp, env = block
+    env["PYTHONPATH"] = "/site"
+    done = _run("next_block.sh", ["qwen3-next"], env)
+    assert done.returncode == 0, done.stderr
+    res = tmp / "res"
+    calls = (tmp / "calls.log").read_text().splitlines()
+    serving = [c for c in calls if c.startswith("serving")]
+    assert serving == [
+        "serving [--model qwen3-next-80b-a3b-fp8 --modes breakable,full,disabled "
+        "--workloads burst,long --quick --profile long_8k-16k] FOO=unset",
+        "serving [--model qwen3-next-80b-a3b-fp8 --modes breakable,full --workloads "
+        "burst --quick -- --chunked-prefill-size 512] FOO=unset",
+    ]
+    assert (tmp / "calls.log.env").read_text().splitlines() == ["env unset /site"] * 2
+    for run in ("serving", "serving_2"):
+        profile = res / "post" / f"{run}_profile.json"
+        diff = f"post benchmark/profile_diff.py {profile} --a full --b disabled"
+        assert f"{diff} --ops kernels" in calls
+    assert not [c for c in calls if c.startswith("pytest")]
+    assert "post rc=0" in (res / "progress.log").read_text()
+    assert (res / "DONE").exists()
+
+
+def test_next_block_refuses_a_block_it_does_not_plan(block):
+    tmp, env = block
+    done = _run("next_block.sh", ["qwen3"], env)
+    assert done.returncode == 2
+    assert "no block named 'qwen3' (mamba2, qwen3-next)" in done.stderr
+    assert not (tmp / "calls.log").exists()
