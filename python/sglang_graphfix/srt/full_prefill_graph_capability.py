@@ -464,6 +464,9 @@ KDA_CONDITIONS = (
 
 
 MAMBA2_FAMILY = "Mamba2/short-conv"
+# Inkling's short conv: sglang captures its full prefill graph itself (its model
+# default on Hopper and Blackwell), with no part of this package in it.
+INKLING_FAMILY = "Inkling short-conv"
 # The mixers the captured extend does not run, and why (sglang 0.5.23):
 # MambaMixer1's extend reads the sequence lengths on the host
 # (.cpu().tolist()); ZAYA1's CCA extend and LFM2's bidirectional conv loop over
@@ -856,7 +859,7 @@ def _registry_defined(model_config) -> bool:
 # Lightning and registry-defined backends size their extend launches from host
 # data.
 LINEAR_FAMILIES = (
-    LinearFamily("Inkling short-conv", _is_inkling, (InklingShortConvAttnBackend,), True),
+    LinearFamily(INKLING_FAMILY, _is_inkling, (InklingShortConvAttnBackend,), True),
     LinearFamily("GDN", lambda m: hybrid_gdn_config(m) is not None, (GDNAttnBackend,), True, GDN_CONDITIONS),
     LinearFamily(MAMBA2_FAMILY, lambda m: mamba2_config(m) is not None, (Mamba2AttnBackend, ShortConvAttnBackend), True, MAMBA2_CONDITIONS),
     LinearFamily("KDA", lambda m: hybrid_kda_config(m) is not None, (KDAAttnBackend,), True, KDA_CONDITIONS),

@@ -25,6 +25,7 @@ from sglang.srt.arg_groups.overrides import (
     declare_resolution,
     model_config_of,
     resolving_view,
+    use_mla_backend,
 )
 from sglang.srt.model_executor.cuda_graph_config import (
     Backend,
@@ -105,6 +106,13 @@ def breakable_prefill_graph_rejection(server_args: Any) -> str | None:
     if resolving_view(server_args).pp_size > 1:
         # apply_cuda_graph_compatibility: breakable is opt-in under pipeline parallelism.
         return "pipeline parallelism"
+    return breakable_rule_rejection(server_args)
+
+
+def breakable_rule_rejection(server_args: Any) -> str | None:
+    """Which rule of upstream's disable_breakable_cudagraph_if_incompatible turns
+    a breakable prefill graph off for this configuration (None: none does),
+    whatever the parallelism; whatever it declared is rolled back."""
     if getattr(server_args, "_resolved_overrides", None) is None:
         server_args._resolved_overrides = []
     stash = server_args._resolved_overrides
@@ -169,7 +177,7 @@ def _full_source(server_args: Any) -> str:
 def _full_prefill_error(server_args: Any, support: FullPrefillGraphSupport) -> str:
     remedies = ["--cuda-graph-backend-prefill disabled"]
     # An explicit breakable graph is also how pipeline parallelism opts in.
-    if breakable_prefill_graph_rejection(server_args) in (None, "pipeline parallelism"):
+    if breakable_rule_rejection(server_args) is None:
         remedies.insert(0, "--cuda-graph-backend-prefill breakable")
     keep = f", or keep it: {'; '.join(support.fixes)}" if support.fixes else ""
     return (
@@ -233,7 +241,7 @@ def judge_prefill_graph_on_final_settings(original, server_args: Any):
     elif (
         backend == Backend.BREAKABLE
         and explicit
-        and breakable_prefill_graph_rejection(server_args) == KDA_BREAKABLE_RULE
+        and breakable_rule_rejection(server_args) == KDA_BREAKABLE_RULE
     ):
         raise ValueError(_kda_breakable_error(server_args))
 
@@ -330,7 +338,15 @@ def sglang_full_prefill_slots(chunked_prefill_size: int | None) -> int:
 #          with linear attention, no slot count set and sglang's rule below the
 #          floor, declare the floor in sglang's resolution record (capture still
 #          caps it at the request pool) and say so once at INFO, naming the
-#          setting. Models without linear attention keep upstream's rule.
+#          setting. On an MLA model with the chunked prefix cache (Kimi-Linear),
+#          whose graph replays a cached prefix in chunks of
+#          full_prefill_prefix_chunk_tokens shared by the slots, also declare
+#          that many more chunk tokens when the user set none, so that each
+#          request's chunk, and the longest prefix a graph replays, stay sglang's
+#          (8 slots alone cut them 8x at chunked_prefill_size 512: cached prefixes
+#          over 1024 tokens ran eager). Models without linear attention, and
+#          Inkling's short conv (sglang captures its full graph itself), keep
+#          upstream's rule.
 # Upstream: sglang/srt/arg_groups/cuda_graph_hook.py::finalize_cuda_graph_prefill_max_context
 #          (to propose: a floor in cuda_graph_setup's full_prefill_max_req default)
 # Removal: once upstream's default keeps multi-request prefill batches on the graph.
@@ -343,30 +359,68 @@ def hybrid_full_prefill_request_slots(original, server_args: Any):
         or graph_config.prefill.full_prefill_max_req is not None
     ):
         return
-    linear = full_prefill_graph_support(server_args).linear_attention
+    linear = _linear_attention_of_our_graph(server_args)
     upstream_slots = sglang_full_prefill_slots(cfg.chunked_prefill_size)
     if linear is None or upstream_slots >= HYBRID_FULL_PREFILL_MIN_REQ:
         return
+    prefill = {"full_prefill_max_req": HYBRID_FULL_PREFILL_MIN_REQ}
+    chunk_tokens = _prefix_chunk_tokens_for_slots(server_args, upstream_slots)
+    if chunk_tokens is not None:
+        prefill["full_prefill_prefix_chunk_tokens"] = chunk_tokens
     declare_resolution(
         server_args,
         "_hybrid_full_prefill_request_slots",
-        cuda_graph_config=with_phase(
-            graph_config,
-            Phase.PREFILL,
-            full_prefill_max_req=HYBRID_FULL_PREFILL_MIN_REQ,
-        ),
+        cuda_graph_config=with_phase(graph_config, Phase.PREFILL, **prefill),
     )
     logger.info(
         "Full prefill CUDA graph on %s linear attention: up to %d request slots per "
         "captured batch (sglang's rule, chunked_prefill_size %s // 512, gives %d, "
         "which sends every prefill batch of more requests eager; fewer requests "
-        "replay padded to the slots). Set --cuda-graph-config "
+        "replay padded to the slots)%s. Set --cuda-graph-config "
         '\'{"prefill": {"backend": "full", "full_prefill_max_req": N}}\' to choose.',
         linear,
         HYBRID_FULL_PREFILL_MIN_REQ,
         cfg.chunked_prefill_size,
         upstream_slots,
+        (
+            f", and cached-prefix chunks of {chunk_tokens} tokens over the slots "
+            f"(full_prefill_prefix_chunk_tokens), {chunk_tokens // HYBRID_FULL_PREFILL_MIN_REQ} "
+            "a request as with sglang's slots"
+            if chunk_tokens is not None
+            else ""
+        ),
     )
+
+
+def _linear_attention_of_our_graph(server_args: Any) -> str | None:
+    """The linear-attention family whose full prefill graph this package
+    captures; None without linear attention and for Inkling's short conv, whose
+    full prefill graph is sglang's own."""
+    linear = full_prefill_graph_support(server_args).linear_attention
+    return None if linear == capability.INKLING_FAMILY else linear
+
+
+def _prefix_chunk_tokens_for_slots(server_args: Any, upstream_slots: int) -> int | None:
+    """The aggregate cached-prefix chunk that gives each of
+    HYBRID_FULL_PREFILL_MIN_REQ slots the per-request chunk sglang's own slots
+    would get (PrefillCudaGraphRunner._resolve_prefix_chunk_shape: the chunk
+    tokens, by default chunked_prefill_size, else the prefill max_bs, over the
+    slots), where the graph captures cached-prefix chunks (an MLA model with the
+    chunked prefix cache) and the user set no chunk size; else None."""
+    cfg = resolving_view(server_args)
+    prefill = cfg.cuda_graph_config.prefill
+    if (
+        prefill.full_prefill_prefix_chunk_tokens is not None
+        or cfg.disable_chunked_prefix_cache
+        or not use_mla_backend(server_args)
+    ):
+        return None
+    capacity = cfg.chunked_prefill_size
+    if capacity is None or capacity <= 0:
+        capacity = prefill.max_bs
+    if capacity is None or capacity <= 0:
+        return None
+    return max(capacity // upstream_slots, 1) * HYBRID_FULL_PREFILL_MIN_REQ
 
 
 def full_prefill_request_slots(cfg: Any) -> int:
@@ -403,7 +457,9 @@ def full_prefill_request_slots(cfg: Any) -> int:
 #          carries the running decode requests too, and runs eager above the
 #          slots whatever the cap), and a PD prefill server with
 #          --max-mamba-cache-size (a cap at the slots drops its KV-cache reserve
-#          for eager prefill activations, kv_pool_runtime: the user's call).
+#          for eager prefill activations, kv_pool_runtime: the user's call), and
+#          Inkling's short conv (sglang captures its full graph itself; under fa4
+#          its multimodal batches run eager whatever their size).
 # Upstream: sglang/srt/arg_groups/cuda_graph_hook.py::finalize_cuda_graph_prefill_max_context
 #          (to propose: prefill_max_requests defaults to the slots under a full
 #          prefill graph)
@@ -422,7 +478,7 @@ def cap_prefill_batches_at_request_slots(original, server_args: Any):
         )
     ):
         return
-    linear = full_prefill_graph_support(server_args).linear_attention
+    linear = _linear_attention_of_our_graph(server_args)
     if linear is None:
         return
     slots = full_prefill_request_slots(cfg)

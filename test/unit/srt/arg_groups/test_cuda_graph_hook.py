@@ -8,6 +8,7 @@ import pkgutil
 from unittest import mock
 
 import pytest
+import torch
 from resolution import prefill_backend, resolved
 from tiny_configs import FAMILIES, write_config
 
@@ -193,6 +194,29 @@ def test_explicit_breakable(model_dirs, family, attention):
     assert "--cuda-graph-backend-prefill full" not in message
 
 
+def test_explicit_breakable_refused_on_kda_under_pipeline_parallelism(model_dirs):
+    """Pipeline parallelism is how sglang's breakable graph is opted into; the
+    refusal of KDA's breakable graph holds there too, and a refused full graph
+    does not offer breakable as the way out."""
+    with pytest.raises(ValueError, match="KDA hybrid linear attention"):
+        resolve(
+            model_dirs, "kimi_linear", cuda_graph_backend_prefill="breakable", pp_size=2
+        )
+    with pytest.raises(ValueError) as err:
+        resolve(
+            model_dirs, "kimi_linear", cuda_graph_backend_prefill="full",
+            attention_backend="flashinfer", pp_size=2,
+        )  # fmt: skip
+    assert "--cuda-graph-backend-prefill breakable" not in str(err.value)
+    # A model sglang's breakable rules accept keeps breakable among the remedies.
+    with pytest.raises(ValueError) as err:
+        resolve(
+            model_dirs, "qwen3_next", cuda_graph_backend_prefill="full",
+            attention_backend="triton", pp_size=2,
+        )  # fmt: skip
+    assert "--cuda-graph-backend-prefill breakable" in str(err.value)
+
+
 # ---- the full-attention backend sglang picks itself (fa3 on Hopper) ----
 
 
@@ -224,6 +248,27 @@ def test_inkling_default_full_prefill_graph_on_h200(model_dirs, caplog):
         args = resolve(model_dirs, "inkling")
     assert attention_backends_of(resolved_view(args)) == ("fa4", "fa4")
     assert prefill_backend(args) == Backend.FULL and not our_warnings(caplog)
+    _assert_upstream_slots_and_cap(args)
+
+
+def _assert_upstream_slots_and_cap(args):
+    """No request-slot floor and no prefill batch cap of ours: upstream's."""
+    view = resolving_view(args)
+    assert view.cuda_graph_config.prefill.full_prefill_max_req is None
+    assert view.prefill_max_requests is None
+    sources = [source for source, _ in args._resolved_overrides]
+    assert "_hybrid_full_prefill_request_slots" not in sources
+    assert "_cap_prefill_batches_at_request_slots" not in sources
+
+
+def test_inkling_full_graph_keeps_upstreams_slots_and_batches(model_dirs):
+    """Inkling's full prefill graph is sglang's own (its short conv records its
+    metadata in the graph): at chunked_prefill_size 2048 sglang's rule gives 4
+    slots, and its prefill batches stay uncapped (under fa4 its multimodal
+    batches run eager whatever their size)."""
+    args = resolve(model_dirs, "inkling", chunked_prefill_size=2048)
+    assert prefill_backend(args) == Backend.FULL
+    _assert_upstream_slots_and_cap(args)
 
 
 def test_inkling_default_on_a100_falls_back_to_breakable(model_dirs, caplog):
@@ -531,6 +576,71 @@ def test_hybrid_full_prefill_graph_gets_request_slots(
         assert "_hybrid_full_prefill_request_slots" in sources
     else:
         assert not said and "_hybrid_full_prefill_request_slots" not in sources
+
+
+@pytest.mark.parametrize(
+    "chunked, prefill, chunk_tokens, per_request",
+    [
+        # sglang's rule gives 1 slot at 512 and 4 at 2048: 512 tokens a request
+        (512, {}, 4096, 512),
+        (2048, {}, 4096, 512),
+        # the user's chunk size is kept (64 tokens a request over 8 slots)
+        (512, {"full_prefill_prefix_chunk_tokens": 512}, 512, 64),
+    ],
+)
+def test_mla_hybrid_slots_keep_sglangs_prefix_chunk(
+    model_dirs, caplog, chunked, prefill, chunk_tokens, per_request
+):
+    """Kimi-Linear (MLA, chunked prefix cache): the graph replays a cached prefix
+    in chunks of full_prefill_prefix_chunk_tokens shared by the request slots, so
+    the slot floor alone would cut each request's chunk, and the longest prefix a
+    graph replays, 8x at chunked_prefill_size 512; the floor scales the chunk
+    tokens with it, as upstream's runner then reads them."""
+    from types import SimpleNamespace
+
+    from sglang.srt.model_executor.runner import prefill_cuda_graph_runner as runner
+
+    args, said, _ = _resolved_with_info(
+        model_dirs, caplog, "kimi_linear", {"backend": "full", **prefill},
+        {"chunked_prefill_size": chunked, "attention_backend": "fa3"},
+        "request slots per captured batch",
+    )  # fmt: skip
+    view = resolving_view(args)
+    assert _slots(args) == 8
+    assert view.cuda_graph_config.prefill.full_prefill_prefix_chunk_tokens == (
+        chunk_tokens
+    )
+    (line,) = said
+    assert (f"chunks of {chunk_tokens} tokens" in line) == (not prefill)
+    model_runner = SimpleNamespace(
+        req_to_token_pool=SimpleNamespace(req_to_token=torch.empty(1, 131072)),
+        model_config=SimpleNamespace(context_len=131072),
+    )
+    graph = SimpleNamespace(cuda_graph_config=view.cuda_graph_config)
+    with (
+        mock.patch.object(runner, "get_exec", lambda: SimpleNamespace(graph=graph)),
+        mock.patch.object(
+            runner,
+            "get_schedule",
+            lambda: SimpleNamespace(chunked_prefill_size=chunked),
+        ),
+    ):
+        shape = runner.PrefillCudaGraphRunner._resolve_prefix_chunk_shape(
+            model_runner, 8
+        )
+    assert shape == (per_request, per_request * 8)
+
+
+def test_non_mla_hybrid_slots_leave_the_prefix_chunk(model_dirs):
+    """Without the chunked prefix cache (not an MLA model) the graph captures no
+    cached-prefix chunks: the chunk size stays unset."""
+    args = resolve(
+        model_dirs, "qwen3_next", chunked_prefill_size=512,
+        cuda_graph_config={"prefill": {"backend": "full"}},
+    )  # fmt: skip
+    assert _slots(args) == 8
+    prefill = resolving_view(args).cuda_graph_config.prefill
+    assert prefill.full_prefill_prefix_chunk_tokens is None
 
 
 def _resolved_with_info(model_dirs, caplog, family, prefill, flags, phrase):
