@@ -692,9 +692,8 @@ def _request_buckets_line(args, model_config, slots: int, buckets) -> str:
     counts = per_bucket[largest]
     if (view.attn_dp_size or 1) > 1:
         return (
-            "request buckets     not shown under DP attention: the runner "
-            "captures them only where sglang does not all-gather the MLP input "
-            "(require_mlp_tp_gather() false at startup)"
+            "request buckets     none under DP attention: the runner captures "
+            "them only without it"
         )
     return (
         f"request buckets     token buckets up to {largest} also have graphs "
@@ -724,8 +723,8 @@ def _long_prefill_line(args, model_config, buckets) -> str:
     if (resolving_view(args).attn_dp_size or 1) > 1:
         return (
             "long prefills       not routed under DP attention: the runner applies "
-            "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST only where sglang does not "
-            "all-gather the MLP input (require_mlp_tp_gather() false at startup)"
+            "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST only without it (DP ranks must "
+            "agree on graph or eager)"
         )
     return (
         f"long prefills       a batch of more than {limit} new tokens per request "

@@ -556,7 +556,7 @@ def test_the_plan_names_the_request_buckets_of_a_mamba2_full_graph(
         "--cuda-graph-backend-prefill", "full", "--tp", "2", "--dp", "2",
         "--enable-dp-attention",
     )  # fmt: skip
-    gathered = "request buckets not shown under DP attention"
+    gathered = "request buckets none under DP attention"
     assert (gathered in dp) == buckets_captured
     assert "also have graphs" not in dp
     # Only buckets above REQUEST_BUCKET_MAX_TOKENS: none; a request pool of two

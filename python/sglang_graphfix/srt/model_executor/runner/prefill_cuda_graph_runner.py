@@ -301,8 +301,8 @@ def _request_buckets_to_capture(runner, size, prefix_num_chunks=0) -> tuple:
         and not prefix_num_chunks
         and not runner._capture_chunked_prefix
         and runner.max_context_size is None
-        and not runner.require_mlp_tp_gather
         and not runner.model_runner.is_draft_worker
+        and not get_parallel().attn_dp_enabled
     ):
         return ()
     # capture_prepare splits the bucket into requests of at most the context
@@ -395,12 +395,14 @@ PREFILL_PATHS = PrefillPathCounter()
 # How:     After the original verdict, record "full graph" or the eager reason
 #          (request cap, token cap, padding past sglang's 2x limit -- a short
 #          prompt below half the smallest bucket --, else another of sglang's
-#          replay conditions).
+#          replay conditions). A speculative verify batch that reaches this runner
+#          (above the decode graph's sizes) is not a prefill: not counted.
 # Upstream: sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py::PrefillCudaGraphRunner.can_run_graph
 # Removal: once upstream reports prefill graph coverage (its metrics).
 def count_prefill_paths(original, self, forward_batch):
     verdict = original(self, forward_batch)
-    if self._is_full_backend and forward_batch.forward_mode.is_extend():
+    mode = forward_batch.forward_mode
+    if self._is_full_backend and mode.is_extend() and not mode.is_target_verify():
         PREFILL_PATHS.record(None if verdict else _eager_reason(self, forward_batch))
     return verdict
 
@@ -486,9 +488,11 @@ def _smallest_bucket_for(runner, num_tokens) -> int | None:
 #          linear-attention backend is Mamba2's, False for a batch over the
 #          limit (capability.mamba2_graph_takes), which the runner then runs
 #          eager; every other batch is judged by upstream. Not under DP
-#          attention (require_mlp_tp_gather): the schedule-time vote sees a
-#          rank's own tokens, the forward the tokens padded across ranks, so
-#          ranks could split. route_full_prefill_fallback warms the eager
+#          attention (attn_dp_enabled, whatever the MLP does: with
+#          --moe-dense-tp-size 1 --enable-dp-lm-head and an a2a backend the
+#          forward's tokens are padded across ranks too): the schedule-time vote
+#          sees a rank's own tokens and requests, the forward the padded tokens
+#          over the rank's requests, so ranks could split. route_full_prefill_fallback warms the eager
 #          Mamba2 prefill at start-up.
 # Upstream: sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py::PrefillCudaGraphRunner.can_replay_locally
 #          (to propose: a replay bound in tokens per request)
@@ -515,5 +519,5 @@ def _routes_long_prefills(runner) -> bool:
             for linear in _linear_attention_backends(runner.model_runner.attn_backend)
         )
         and runner._is_full_backend
-        and not runner.require_mlp_tp_gather
+        and not get_parallel().attn_dp_enabled
     )

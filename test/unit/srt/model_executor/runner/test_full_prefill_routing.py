@@ -32,6 +32,7 @@ from sglang.srt.model_executor.forward_batch_info import (
 from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import (
     PrefillCudaGraphRunner,
 )
+from sglang.srt.runtime_context import get_parallel
 from sglang_graphfix.srt.layers.attention.linear.gdn_backend import (
     EAGER_GDN_PREFILL_DEFAULT,
 )
@@ -53,7 +54,6 @@ def _runner(linear=None):
     runner.enable_lora = False
     runner.has_mha_companion_layers = False
     runner._capture_chunked_prefix = False
-    runner.require_mlp_tp_gather = False
     runner.capture_hidden_mode = CaptureHiddenMode.NULL
     runner.enable_cp_bcg_capture = False
     hybrid = HybridLinearAttnBackend.__new__(HybridLinearAttnBackend)
@@ -76,6 +76,14 @@ def _batch(lens):
         return_logprob=False,
         contains_mm_inputs=lambda: False,
     )
+
+
+@pytest.fixture(autouse=True)
+def no_dp_attention():
+    """sglang's parallel context as a TP-only server publishes it (the runner's
+    DP-attention checks read it)."""
+    with get_parallel().override(attn_dp_enabled=False):
+        yield
 
 
 @pytest.fixture(autouse=True)
@@ -116,6 +124,12 @@ def test_each_prefill_batch_counts_its_path(caplog, fresh_counter):
     first = [r.getMessage() for r in caplog.records if "first eager" in r.getMessage()]
     assert len(first) == 3
     assert "more than 2 requests" in first[0] and "2 full graph, 1 eager" in first[0]
+    # A speculative verify batch that reaches the prefill runner (sglang's
+    # forward sends it there above the decode graph's sizes) is no prefill.
+    verify = _batch([5] * 9)
+    verify.forward_mode = verify.global_forward_mode = ForwardMode.TARGET_VERIFY
+    assert not runner.can_run_graph(verify)
+    assert fresh_counter.total == 7
 
 
 def test_a_batch_below_the_smallest_bucket_replays_it_on_hybrid_models(fresh_counter):
@@ -208,8 +222,12 @@ def test_long_prefills_per_request_run_eager_under_a_mamba2_full_graph(
     # Under DP attention a rank votes on its own tokens and replays on the
     # tokens padded across ranks: the limit is not applied there.
     dp = _mamba2_runner()
-    dp.require_mlp_tp_gather = True
-    assert dp.can_replay_locally(**_replay_args(batch_size=1, num_tokens=201))
+    # sglang all-gathers no MLP input with --moe-dense-tp-size 1
+    # --enable-dp-lm-head and an a2a backend, but the forward's tokens are
+    # still padded across the DP ranks.
+    dp.require_mlp_tp_gather = False
+    with get_parallel().override(attn_dp_enabled=True):
+        assert dp.can_replay_locally(**_replay_args(batch_size=1, num_tokens=201))
 
     assert _runner().can_run_graph(_batch([500]))  # GDN
     breakable = _mamba2_runner()
@@ -455,7 +473,9 @@ def test_the_routing_line_names_the_long_prefill_limit(caplog, monkeypatch):
 
     caplog.set_level(logging.INFO, logger=ours.__name__)
     # sglang's parallel state, as one GPU publishes it (not published on CPU).
-    monkeypatch.setattr(ours, "get_parallel", lambda: SimpleNamespace(tp_size=1))
+    monkeypatch.setattr(
+        ours, "get_parallel", lambda: SimpleNamespace(tp_size=1, attn_dp_enabled=False)
+    )
     calls = []
     for bound in (None, 512):
         monkeypatch.setattr(capability, "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST", bound)
@@ -494,7 +514,9 @@ def test_the_routing_line_names_the_long_prefill_limit(caplog, monkeypatch):
     assert emptied == [1]
     # Under tensor parallelism nothing runs (a rank that failed would leave the
     # others in the forward's collectives), and the log says so.
-    monkeypatch.setattr(ours, "get_parallel", lambda: SimpleNamespace(tp_size=2))
+    monkeypatch.setattr(
+        ours, "get_parallel", lambda: SimpleNamespace(tp_size=2, attn_dp_enabled=False)
+    )
     calls.clear()
     runner = _mamba2_runner()
     _recording_dummy_runs(runner, calls, fail=True)

@@ -33,6 +33,7 @@ from sglang.srt.model_executor.runner_backend import full_cuda_graph_backend
 from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import (
     FullCudaGraphBackend,
 )
+from sglang.srt.runtime_context import get_parallel
 from sglang_graphfix.srt import full_prefill_graph_capability as capability
 from sglang_graphfix.srt.layers.attention import hybrid_linear_attn_backend as ours
 from sglang_graphfix.srt.model_executor.runner import (
@@ -70,6 +71,14 @@ class _Graph:
     """torch.cuda.CUDAGraph's stand-in (none without a GPU)."""
 
 
+@pytest.fixture(autouse=True)
+def no_dp_attention():
+    """sglang's parallel context as a TP-only server publishes it (the runner's
+    DP-attention checks read it)."""
+    with get_parallel().override(attn_dp_enabled=False):
+        yield
+
+
 @pytest.fixture
 def runner(monkeypatch):
     """A full prefill runner of a Mamba2 hybrid with SLOTS request slots, on
@@ -85,7 +94,6 @@ def runner(monkeypatch):
         runner._capture_req_slots = SLOTS
         runner._capture_chunked_prefix = runner._capture_lora = False
         runner.max_context_size = None
-        runner.require_mlp_tp_gather = False
         runner.enable_cp_bcg_capture = False
         runner.model_runner = SimpleNamespace(
             attn_backend=hybrid,
@@ -237,14 +245,16 @@ def _one_request():
     "setting",
     [
         {"max_context_size": 256},  # a fixed context size
-        {"require_mlp_tp_gather": True},  # DP attention
+        {"attn_dp_enabled": True},  # DP attention (sglang's parallel context)
         {"_capture_chunked_prefix": True},
     ],
 )
 def test_no_request_buckets_where_not_checked(runner, setting):
     for name, value in setting.items():
-        setattr(runner, name, value)
-    PrefillCudaGraphRunner.capture_one_shape(runner, 64)
+        if name != "attn_dp_enabled":
+            setattr(runner, name, value)
+    with get_parallel().override(attn_dp_enabled="attn_dp_enabled" in setting):
+        PrefillCudaGraphRunner.capture_one_shape(runner, 64)
     assert set(runner.backend._graphs) == {ShapeKey(size=64)}
     hybrid = runner.model_runner.attn_backend
     assert not hasattr(hybrid, ours.REQUEST_BUCKETS)
