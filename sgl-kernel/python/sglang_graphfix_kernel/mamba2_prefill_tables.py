@@ -27,6 +27,11 @@ import torch
 import triton
 import triton.language as tl
 
+# The most request slots one launch takes: the snapshot plan's searches hold a
+# [slots + 1, slots + 1] tile (rounded up to a power of two) in one program, and
+# Triton refuses a tile over 2**20 elements; above this the torch fill runs.
+MAX_REQUEST_SLOTS = 255
+
 
 @triton.jit
 def _pick(values, index, lanes):
@@ -237,6 +242,10 @@ def fill_mamba2_prefill_tables(
     as [R] device tensors; the track inputs may hold fewer rows (the rest are
     not tracked) or be None (nothing tracked). One launch."""
     R = extend_seq_lens.shape[0]
+    if R > MAX_REQUEST_SLOTS:
+        raise ValueError(
+            f"{R} request slots: one launch takes at most {MAX_REQUEST_SLOTS}"
+        )
     T = tables.seq_idx.shape[-1]
     K = 0 if track is None else track.src.shape[0]
     n_track = 0 if track_mask is None else track_mask.shape[0]

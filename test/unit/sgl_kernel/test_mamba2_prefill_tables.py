@@ -38,3 +38,38 @@ def test_the_cases_cover_padding_prefixes_snapshots_and_both_conv_launches(resul
 def test_kernel_tables_equal_the_torch_fill(results):
     bad = [r for r in results if r["mismatches"]]
     assert not bad, bad
+
+
+def test_more_request_slots_than_one_launch_takes_refill_with_torch(monkeypatch):
+    """The kernel's snapshot plan holds a [slots + 1]-square tile, which Triton
+    refuses above 2**20 elements: above MAX_REQUEST_SLOTS the launcher refuses
+    before compiling, and the runner's tables refill with the torch fills."""
+    from types import SimpleNamespace
+
+    import torch
+    import triton
+
+    from sglang_graphfix.srt import full_prefill_graph_capability as capability
+    from sglang_graphfix.srt.layers.attention.mamba import mamba2_prefill_graph
+    from sglang_graphfix_kernel import mamba2_prefill_tables as kernel
+
+    most = kernel.MAX_REQUEST_SLOTS
+    assert triton.next_power_of_2(most + 1) ** 2 <= 1 << 20  # the launch's tile
+    with pytest.raises(ValueError, match=f"{most + 1} request slots"):
+        kernel.fill_mamba2_prefill_tables(
+            None, None, extend_seq_lens=torch.zeros(most + 1, dtype=torch.int32),
+            extend_prefix_lens=None, slots=None, track_mask=None,
+            track_seq_lens=None, track_slots=None, constants=None,
+        )  # fmt: skip
+
+    def tables(slots, device="cuda"):
+        return SimpleNamespace(
+            seq_idx=SimpleNamespace(device=torch.device(device)), max_requests=slots
+        )
+
+    monkeypatch.setattr(capability, "MAMBA2_TABLE_FILL_KERNEL", True)
+    on_device = mamba2_prefill_graph.fills_on_device
+    assert on_device(tables(most)) and not on_device(tables(most + 1))
+    assert not on_device(tables(16, "cpu"))
+    monkeypatch.setattr(capability, "MAMBA2_TABLE_FILL_KERNEL", False)
+    assert not on_device(tables(16))

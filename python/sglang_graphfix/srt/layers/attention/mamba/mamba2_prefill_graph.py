@@ -81,6 +81,7 @@ from sglang_graphfix.srt.layers.attention.linear.kda_prefill_graph import (
     request_slots,
 )
 from sglang_graphfix_kernel.mamba2_prefill_tables import (
+    MAX_REQUEST_SLOTS,
     Mamba2TableConstants,
     Mamba2TableViews,
     Mamba2TrackViews,
@@ -453,13 +454,21 @@ def full_prefill_graph_metadata(
         slots=slots,
         **_track_inputs(backend, forward_batch, meta),
         cache_chunk_size=mamba_cache_chunk_size(),
-        on_device=(
-            capability.MAMBA2_TABLE_FILL_KERNEL
-            and meta.tables.seq_idx.device.type == "cuda"
-        ),
+        on_device=fills_on_device(meta.tables),
     )
     backend.forward_metadata = meta
     return meta
+
+
+def fills_on_device(tables) -> bool:
+    """Whether a bucket's tables are refilled by the one-launch kernel
+    (MAMBA2_TABLE_FILL_KERNEL, on CUDA, up to its MAX_REQUEST_SLOTS) rather
+    than the torch fills."""
+    return (
+        capability.MAMBA2_TABLE_FILL_KERNEL
+        and tables.seq_idx.device.type == "cuda"
+        and tables.max_requests <= MAX_REQUEST_SLOTS
+    )
 
 
 def fill_mamba2_tables(
