@@ -34,6 +34,10 @@
 # calls) into RES/post, on the device (the traces may be too large to come back).
 set -u
 cd "$(dirname "$0")/../.."
+if [ $# -gt 1 ]; then
+  echo "next_block.sh: one block name at most (mamba2, qwen3-next), got: $*" >&2
+  exit 2
+fi
 block=${1:-mamba2}
 mkdir -p /tmp/probe
 probe="PYTHONPATH=$PWD/test/gpu/probe:${PYTHONPATH:-} GRAPHFIX_PROBE_DIR=/tmp/probe"

@@ -259,4 +259,7 @@ def test_next_block_refuses_a_block_it_does_not_plan(block):
     done = _run("next_block.sh", ["qwen3"], env)
     assert done.returncode == 2
     assert "no block named 'qwen3' (mamba2, qwen3-next)" in done.stderr
+    # A block takes no flags of its own: refused rather than dropped.
+    done = _run("next_block.sh", ["qwen3-next", "--quick"], env)
+    assert done.returncode == 2 and "one block name at most" in done.stderr
     assert not (tmp / "calls.log").exists()

@@ -465,7 +465,8 @@ KDA_CONDITIONS = (
 
 MAMBA2_FAMILY = "Mamba2/short-conv"
 # Inkling's short conv: sglang captures its full prefill graph itself (its model
-# default on Hopper and Blackwell), with no part of this package in it.
+# default on Hopper and Blackwell); this package leaves its request slots and
+# prefill batches as sglang sets them.
 INKLING_FAMILY = "Inkling short-conv"
 # The mixers the captured extend does not run, and why (sglang 0.5.23):
 # MambaMixer1's extend reads the sequence lengths on the host

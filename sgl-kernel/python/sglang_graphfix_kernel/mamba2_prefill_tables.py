@@ -28,8 +28,10 @@ import triton
 import triton.language as tl
 
 # The most request slots one launch takes: the snapshot plan's searches hold a
-# [slots + 1, slots + 1] tile (rounded up to a power of two) in one program, and
-# Triton refuses a tile over 2**20 elements; above this the torch fill runs.
+# [slots + 1, slots + 1] tile (rounded up to a power of two) in one program.
+# Triton refuses a tile over 2**20 elements (above 1023 slots: 1024 failed to
+# compile); 255 keeps it at 256 x 256, a margin chosen for the registers, not
+# measured on a GPU (served graphs have 16-48 slots). Above it the torch fill runs.
 MAX_REQUEST_SLOTS = 255
 
 

@@ -384,8 +384,9 @@ def hybrid_full_prefill_request_slots(original, server_args: Any):
         upstream_slots,
         (
             f", and cached-prefix chunks of {chunk_tokens} tokens over the slots "
-            f"(full_prefill_prefix_chunk_tokens), {chunk_tokens // HYBRID_FULL_PREFILL_MIN_REQ} "
-            "a request as with sglang's slots"
+            f"(full_prefill_prefix_chunk_tokens), "
+            f"{chunk_tokens // _capped(HYBRID_FULL_PREFILL_MIN_REQ, cfg)} a request "
+            "as with sglang's slots"
             if chunk_tokens is not None
             else ""
         ),
@@ -401,12 +402,15 @@ def _linear_attention_of_our_graph(server_args: Any) -> str | None:
 
 
 def _prefix_chunk_tokens_for_slots(server_args: Any, upstream_slots: int) -> int | None:
-    """The aggregate cached-prefix chunk that gives each of
-    HYBRID_FULL_PREFILL_MIN_REQ slots the per-request chunk sglang's own slots
-    would get (PrefillCudaGraphRunner._resolve_prefix_chunk_shape: the chunk
-    tokens, by default chunked_prefill_size, else the prefill max_bs, over the
-    slots), where the graph captures cached-prefix chunks (an MLA model with the
-    chunked prefix cache) and the user set no chunk size; else None."""
+    """The aggregate cached-prefix chunk that gives each of the raised slots the
+    per-request chunk sglang's own slots would get
+    (PrefillCudaGraphRunner._resolve_prefix_chunk_shape: the chunk tokens, by
+    default chunked_prefill_size, else the prefill max_bs, over the slots, both
+    slot counts capped at --max-running-requests as capture caps them at the
+    request pool), where the graph captures cached-prefix chunks (an MLA model
+    with the chunked prefix cache) and the user set no chunk size; else None. A
+    request pool smaller still (a tiny memory budget) gives each request a larger
+    chunk than sglang's."""
     cfg = resolving_view(server_args)
     prefill = cfg.cuda_graph_config.prefill
     if (
@@ -420,7 +424,15 @@ def _prefix_chunk_tokens_for_slots(server_args: Any, upstream_slots: int) -> int
         capacity = prefill.max_bs
     if capacity is None or capacity <= 0:
         return None
-    return max(capacity // upstream_slots, 1) * HYBRID_FULL_PREFILL_MIN_REQ
+    return max(capacity // _capped(upstream_slots, cfg), 1) * _capped(
+        HYBRID_FULL_PREFILL_MIN_REQ, cfg
+    )
+
+
+def _capped(slots: int, cfg: Any) -> int:
+    """A full graph's request slots as capture caps them, where
+    --max-running-requests bounds the request pool."""
+    return min(slots, cfg.max_running_requests or slots)
 
 
 def full_prefill_request_slots(cfg: Any) -> int:

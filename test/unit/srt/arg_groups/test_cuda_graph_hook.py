@@ -579,17 +579,19 @@ def test_hybrid_full_prefill_graph_gets_request_slots(
 
 
 @pytest.mark.parametrize(
-    "chunked, prefill, chunk_tokens, per_request",
+    "chunked, prefill, extra, chunk_tokens, per_request",
     [
         # sglang's rule gives 1 slot at 512 and 4 at 2048: 512 tokens a request
-        (512, {}, 4096, 512),
-        (2048, {}, 4096, 512),
+        (512, {}, {}, 4096, 512),
+        (2048, {}, {}, 4096, 512),
+        # a request pool of 4 (capture caps the slots there)
+        (512, {}, {"max_running_requests": 4}, 2048, 512),
         # the user's chunk size is kept (64 tokens a request over 8 slots)
-        (512, {"full_prefill_prefix_chunk_tokens": 512}, 512, 64),
+        (512, {"full_prefill_prefix_chunk_tokens": 512}, {}, 512, 64),
     ],
 )
 def test_mla_hybrid_slots_keep_sglangs_prefix_chunk(
-    model_dirs, caplog, chunked, prefill, chunk_tokens, per_request
+    model_dirs, caplog, chunked, prefill, extra, chunk_tokens, per_request
 ):
     """Kimi-Linear (MLA, chunked prefix cache): the graph replays a cached prefix
     in chunks of full_prefill_prefix_chunk_tokens shared by the request slots, so
@@ -602,7 +604,7 @@ def test_mla_hybrid_slots_keep_sglangs_prefix_chunk(
 
     args, said, _ = _resolved_with_info(
         model_dirs, caplog, "kimi_linear", {"backend": "full", **prefill},
-        {"chunked_prefill_size": chunked, "attention_backend": "fa3"},
+        {"chunked_prefill_size": chunked, "attention_backend": "fa3", **extra},
         "request slots per captured batch",
     )  # fmt: skip
     view = resolving_view(args)
@@ -612,6 +614,8 @@ def test_mla_hybrid_slots_keep_sglangs_prefix_chunk(
     )
     (line,) = said
     assert (f"chunks of {chunk_tokens} tokens" in line) == (not prefill)
+    assert (f"{per_request} a request" in line) == (not prefill)
+    graph_slots = min(8, extra.get("max_running_requests", 8))
     model_runner = SimpleNamespace(
         req_to_token_pool=SimpleNamespace(req_to_token=torch.empty(1, 131072)),
         model_config=SimpleNamespace(context_len=131072),
@@ -626,9 +630,9 @@ def test_mla_hybrid_slots_keep_sglangs_prefix_chunk(
         ),
     ):
         shape = runner.PrefillCudaGraphRunner._resolve_prefix_chunk_shape(
-            model_runner, 8
+            model_runner, graph_slots
         )
-    assert shape == (per_request, per_request * 8)
+    assert shape == (per_request, per_request * graph_slots)
 
 
 def test_non_mla_hybrid_slots_leave_the_prefix_chunk(model_dirs):

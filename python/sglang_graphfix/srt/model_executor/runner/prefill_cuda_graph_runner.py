@@ -488,10 +488,11 @@ def _smallest_bucket_for(runner, num_tokens) -> int | None:
 #          linear-attention backend is Mamba2's, False for a batch over the
 #          limit (capability.mamba2_graph_takes), which the runner then runs
 #          eager; every other batch is judged by upstream. Not under DP
-#          attention (attn_dp_enabled, whatever the MLP does: with
-#          --moe-dense-tp-size 1 --enable-dp-lm-head and an a2a backend the
-#          forward's tokens are padded across ranks too): the schedule-time vote
-#          sees a rank's own tokens and requests, the forward the padded tokens
+#          attention (attn_dp_enabled, whatever the MLP does): the
+#          schedule-time vote sees a rank's own tokens and requests, the forward
+#          its tokens padded to a capture bucket (across the ranks where sglang
+#          all-gathers the MLP input, to the rank's own bucket where it does not,
+#          e.g. --moe-dense-tp-size 1 --enable-dp-lm-head with an a2a backend)
 #          over the rank's requests, so ranks could split. route_full_prefill_fallback warms the eager
 #          Mamba2 prefill at start-up.
 # Upstream: sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py::PrefillCudaGraphRunner.can_replay_locally
