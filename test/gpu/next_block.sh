@@ -28,6 +28,9 @@
 #     full server spends where breakable's long prompts come sooner.
 #  2. The same model at --chunked-prefill-size 512, breakable and full, bursts:
 #     issue 13's "8 x 64 tokens at least as fast as breakable" at its settings.
+#  POST: then, if the block's time allows, a tiny Kimi-Linear engine at chunked
+#     prefill 512: the request-slot floor's cached-prefix chunks keep a 2000-token
+#     prompt's every chunk on the graph, its outputs equal to eager.
 #
 # POST, both blocks: each served report's traces summarised (trace_summary.py)
 # and the servers diffed (profile_diff.py: device ops, and the CUDA runtime's
@@ -65,7 +68,9 @@ timeout 300 python3 -m pytest test/gpu/test_mamba2_extend_graph.py -k fill_kerne
       "--model granite-4.0-h-micro --modes full,breakable --workloads burst,long --profile 1_x_16_tokens,8_x_64_tokens"
     ;;
   qwen3-next)
-    export POST
+    export POST="$POST
+timeout 300 python3 -m pytest test/gpu/test_kimi_linear_full_prefill_graph.py -k slot_floor \
+  -q -rA -p no:cacheprovider >\"\$OUT/kimi_linear_slot_floor.log\" 2>&1"
     exec bash test/gpu/run_block.sh "" "" \
       "--model qwen3-next-80b-a3b-fp8 --modes breakable,full,disabled --workloads burst,long --quick --profile long_8k-16k" \
       "--model qwen3-next-80b-a3b-fp8 --modes breakable,full --workloads burst --quick -- --chunked-prefill-size 512"

@@ -136,3 +136,36 @@ def test_wrong_graph_state_changes_outputs(kimi_linear_path, graph, eager):
     )
     replayed = [r for r, n in zip(per_batch, graph[1]) if n]
     assert replayed and all(diverged(r) for r in replayed), per_batch
+
+
+LONG = prompts(16, [2000])[0]
+
+
+def test_slot_floor_keeps_long_cached_prefixes_on_the_graph(kimi_linear_path):
+    """At chunked_prefill_size 512 with no request slots set, sglang-graphfix
+    gives the full graph 8 request slots and 4096 cached-prefix chunk tokens, 512
+    a request as sglang's one slot would have
+    (cuda_graph_hook.hybrid_full_prefill_request_slots): every 512-token chunk of
+    a 2000-token prompt replays the graph, the last on a 1536-token cached prefix
+    (with 64 tokens a request, prefixes over 1024 ran eager: 3 replays, not 4),
+    and the greedy outputs match eager at the same chunking."""
+    batches = [{"input_ids": [LONG], "max_new_tokens": 8}]
+
+    def kwargs(prefill):
+        return {
+            **_engine_kwargs(kimi_linear_path, prefill),
+            "chunked_prefill_size": 512,
+            "context_length": 4096,
+        }
+
+    before = probe_count("kda_graph_replay")
+    graph = run_engine(kwargs({"backend": "full"}), batches, top_logprobs_num=TOPK)
+    (replays,) = replays_per_batch(graph, before, "kda_graph_replay")
+    eager = run_engine(kwargs({"backend": "disabled"}), batches, top_logprobs_num=TOPK)
+    report = graph_vs_eager(eager, graph, tol=TOL)
+    write_result(
+        "kimi_linear_slot_floor_long_prefix",
+        {**report, "prompt_tokens": len(LONG), "graph_replays": replays},
+    )
+    assert replays == 4, f"KDA graph replays of the 2000-token prompt: {replays}"
+    assert_graph_matches_eager(report)

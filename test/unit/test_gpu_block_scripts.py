@@ -230,7 +230,7 @@ def test_next_block_qwen3_next_serves_issue_13s_runs(block):
     """next_block.sh qwen3-next: the three servers at sglang's default chunking
     with their long prompts profiled, then breakable and full at a chunked prefill
     of 512 (the flag after --, for sglang), no probe on the path, the same
-    summaries, and no Mamba2 kernel test after them."""
+    summaries, and the Kimi-Linear slot-floor engine test after them."""
     tmp, env = block
     env["PYTHONPATH"] = "/site"
     done = _run("next_block.sh", ["qwen3-next"], env)
@@ -249,7 +249,10 @@ def test_next_block_qwen3_next_serves_issue_13s_runs(block):
         profile = res / "post" / f"{run}_profile.json"
         diff = f"post benchmark/profile_diff.py {profile} --a full --b disabled"
         assert f"{diff} --ops kernels" in calls
-    assert not [c for c in calls if c.startswith("pytest")]
+    assert [c for c in calls if c.startswith("pytest")] == [
+        "pytest -m pytest test/gpu/test_kimi_linear_full_prefill_graph.py -k "
+        "slot_floor -q -rA -p no:cacheprovider"
+    ]
     assert "post rc=0" in (res / "progress.log").read_text()
     assert (res / "DONE").exists()
 
