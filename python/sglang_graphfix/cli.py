@@ -168,9 +168,12 @@ class Plan:
 
 def _decisions(server_args) -> list[tuple[str, str]]:
     """sglang's resolution record (``_resolved_overrides``): each declaration that
-    changed a CUDA-graph backend, the full prefill graph's request slots or an
-    attention backend, in order."""
-    out, graph, slots = [], (None, None), None
+    changed a CUDA-graph backend, the full prefill graph's request slots or
+    cached-prefix chunk tokens, or an attention backend, in order."""
+    out, graph = [], (None, None)
+    prefill = dict.fromkeys(
+        ("full_prefill_max_req", "full_prefill_prefix_chunk_tokens")
+    )
     for source, fields in getattr(server_args, "_resolved_overrides", ()):
         parts = []
         config = fields.get("cuda_graph_config")
@@ -179,9 +182,11 @@ def _decisions(server_args) -> list[tuple[str, str]]:
             if now != graph:
                 parts.append(f"prefill graph {now[0]}, decode graph {now[1]}")
             graph = now
-            if config.prefill.full_prefill_max_req != slots:
-                slots = config.prefill.full_prefill_max_req
-                parts.append(f"full_prefill_max_req={slots}")
+            for name, before in prefill.items():
+                value = getattr(config.prefill, name)
+                if value != before:
+                    prefill[name] = value
+                    parts.append(f"{name}={value}")
         parts += [f"{k}={fields[k]}" for k in _PLAN_FIELDS if k in fields]
         if parts:
             out.append((source, "; ".join(parts)))

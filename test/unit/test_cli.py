@@ -220,6 +220,21 @@ def test_every_rule_that_fired_is_listed(capsys):
     assert "experimental" in log  # upstream's own warning is shown too
 
 
+def test_the_slot_floor_and_its_prefix_chunks_are_listed(capsys):
+    """Kimi-Linear (MLA) at chunked prefill 512: the decisions name the raised
+    request slots and the cached-prefix chunk tokens that go with them."""
+    status, out = explain(
+        capsys, "--sample", "kimi-linear", "--cuda-graph-backend-prefill", "full",
+        "--attention-backend", "fa3", "--chunked-prefill-size", "512",
+    )  # fmt: skip
+    assert status == 0
+    decisions = out.split("decisions")[1].split("\nlog")[0]
+    assert (
+        "_hybrid_full_prefill_request_slots     full_prefill_max_req=8; "
+        "full_prefill_prefix_chunk_tokens=4096" in decisions
+    ), decisions
+
+
 def test_model_path(tmp_path, capsys, plugin_on):
     path = write_config("nemotron_h", tmp_path)
     status, out = explain(
