@@ -427,6 +427,10 @@ def log_facts(log: str) -> dict:
         for line in log.splitlines()
         if "Full prefill CUDA graph" in line or "Prefill paths:" in line
     ]
+    # The test probe's split of that memory (GRAPHFIX_PROBE_GRAPH_MEMORY=1).
+    split = re.findall(r"graphfix probe: prefill graph memory (\{.*\})", log)
+    if split:
+        facts["prefill_graph_memory_split"] = json.loads(split[-1])
     return facts
 
 

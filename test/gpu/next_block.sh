@@ -25,7 +25,9 @@
 #  1. Qwen3-Next-80B-A3B's dimensions (FP8), breakable, full and disabled servers
 #     at sglang's default chunking, bursts and long prompts (--quick), each server's
 #     8k-16k run profiled: disabled measured beside the other two, and what the
-#     full server spends where breakable's long prompts come sooner.
+#     full server spends where breakable's long prompts come sooner; with the test
+#     probe, for its split of each prefill graph's memory (issue 13's memory goal;
+#     it also counts the full graph's replays, a file append each).
 #  2. The same model at --chunked-prefill-size 512, breakable and full, bursts:
 #     issue 13's "8 x 64 tokens at least as fast as breakable" at its settings.
 #  POST: then, if the block's time allows, a tiny Kimi-Linear engine at chunked
@@ -43,7 +45,9 @@ if [ $# -gt 1 ]; then
 fi
 block=${1:-mamba2}
 mkdir -p /tmp/probe
-probe="PYTHONPATH=$PWD/test/gpu/probe:${PYTHONPATH:-} GRAPHFIX_PROBE_DIR=/tmp/probe"
+# The test probe, with its split of the prefill graphs' memory into the caching
+# allocator's pool and the rest (GRAPHFIX_PROBE_GRAPH_MEMORY) in the server logs.
+probe="PYTHONPATH=$PWD/test/gpu/probe:${PYTHONPATH:-} GRAPHFIX_PROBE_DIR=/tmp/probe GRAPHFIX_PROBE_GRAPH_MEMORY=1"
 POST='
 res=${RES:-/tmp/res}
 for run in serving serving_2; do
@@ -72,7 +76,7 @@ timeout 300 python3 -m pytest test/gpu/test_mamba2_extend_graph.py -k fill_kerne
 timeout 300 python3 -m pytest test/gpu/test_kimi_linear_full_prefill_graph.py -k slot_floor \
   -q -rA -p no:cacheprovider >\"\$OUT/kimi_linear_slot_floor.log\" 2>&1"
     exec bash test/gpu/run_block.sh "" "" \
-      "--model qwen3-next-80b-a3b-fp8 --modes breakable,full,disabled --workloads burst,long --quick --profile long_8k-16k" \
+      "$probe --model qwen3-next-80b-a3b-fp8 --modes breakable,full,disabled --workloads burst,long --quick --profile long_8k-16k" \
       "--model qwen3-next-80b-a3b-fp8 --modes breakable,full --workloads burst --quick -- --chunked-prefill-size 512"
     ;;
   *)

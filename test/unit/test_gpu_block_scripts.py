@@ -28,7 +28,8 @@ fi
 if [ "$1" = benchmark/serving_prefill_graph.py ]; then
   shift
   echo "serving [$*] FOO=${FOO:-unset}" >>"$BLOCK_CALLS"
-  echo "env ${GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST:-unset} $PYTHONPATH" \
+  echo "env ${GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST:-unset}" \
+    "${GRAPHFIX_PROBE_GRAPH_MEMORY:-unset} $PYTHONPATH" \
     >>"$BLOCK_CALLS.env"
   mkdir -p "$OUT/logs"
   echo '{"modes": {}}' >"$OUT/serving_prefill_graph.json"
@@ -208,8 +209,8 @@ def test_next_block_runs_the_planned_steps_and_summarises_them(block):
         "burst,long --profile 1_x_16_tokens,8_x_64_tokens] FOO=unset",
     ]
     first, second = (tmp / "calls.log.env").read_text().splitlines()
-    assert first == f"env 0 {ROOT}/test/gpu/probe:/site"
-    assert second == "env unset /site"
+    assert first == f"env 0 1 {ROOT}/test/gpu/probe:/site"
+    assert second == "env unset unset /site"
     for run in ("serving", "serving_2"):
         report = res / run / "serving_prefill_graph.json"
         assert f"post benchmark/trace_summary.py {report}" in calls
@@ -229,7 +230,7 @@ def test_next_block_runs_the_planned_steps_and_summarises_them(block):
 def test_next_block_qwen3_next_serves_issue_13s_runs(block):
     """next_block.sh qwen3-next: the three servers at sglang's default chunking
     with their long prompts profiled, then breakable and full at a chunked prefill
-    of 512 (the flag after --, for sglang), no probe on the path, the same
+    of 512 (the flag after --, for sglang), the probe on the first's path, the same
     summaries, and the Kimi-Linear slot-floor engine test after them."""
     tmp, env = block
     env["PYTHONPATH"] = "/site"
@@ -244,7 +245,10 @@ def test_next_block_qwen3_next_serves_issue_13s_runs(block):
         "serving [--model qwen3-next-80b-a3b-fp8 --modes breakable,full --workloads "
         "burst --quick -- --chunked-prefill-size 512] FOO=unset",
     ]
-    assert (tmp / "calls.log.env").read_text().splitlines() == ["env unset /site"] * 2
+    assert (tmp / "calls.log.env").read_text().splitlines() == [
+        f"env unset 1 {ROOT}/test/gpu/probe:/site",
+        "env unset unset /site",
+    ]
     for run in ("serving", "serving_2"):
         profile = res / "post" / f"{run}_profile.json"
         diff = f"post benchmark/profile_diff.py {profile} --a full --b disabled"

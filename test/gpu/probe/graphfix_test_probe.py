@@ -56,6 +56,13 @@ before the test process's first engine, whose resolution judges Mamba2 too; a
 test that needs the switch in its own process whatever ran before sets the
 module attribute itself, as test_mamba2_full_prefill_graph does), for the tests
 of the switched-off paths.
+GRAPHFIX_PROBE_GRAPH_MEMORY=1: after sglang captures the prefill graphs
+(cuda_graph_setup.capture_prefill_graph), one WARNING line in the server's log,
+"graphfix probe: prefill graph memory {json}": the device memory the capture
+took (free memory before and after), how much of it the caching allocator
+reserved (the graphs' memory pool: their activations) and allocated, the rest
+outside it (graph objects, library workspaces), and the graphs captured
+(benchmark/serving_prefill_graph.py keeps it among the server's facts).
 """
 
 import os
@@ -106,6 +113,9 @@ def register():
     groups = os.environ.get("GRAPHFIX_PROBE_MAMBA2_GROUPS")
     if groups:
         capability.MAMBA2_CHECKED["groups"] = tuple(map(int, groups.split(",")))
+
+    if os.environ.get("GRAPHFIX_PROBE_GRAPH_MEMORY"):
+        _measure_prefill_graph_memory()
 
     from sglang.srt.layers.attention.dsa.dsa_indexer import Indexer
     from sglang_graphfix.srt.layers.attention import (
@@ -161,6 +171,47 @@ def register():
         ("bf16_gemm_fp32_out", "dsa_lora_merged"),
     ):
         setattr(gate_module, name, _counted(getattr(gate_module, name), counter))
+
+
+def _measure_prefill_graph_memory():
+    import json
+    import logging
+
+    import torch
+
+    from sglang.srt.model_executor.model_runner_components import cuda_graph_setup
+
+    capture = cuda_graph_setup.capture_prefill_graph
+
+    def memory():
+        torch.cuda.synchronize()
+        return (
+            torch.cuda.mem_get_info()[0],
+            torch.cuda.memory_reserved(),
+            torch.cuda.memory_allocated(),
+        )
+
+    def measured_capture(*args, **kwargs):
+        free, reserved, allocated = memory()
+        result = capture(*args, **kwargs)
+        free_after, reserved_after, allocated_after = memory()
+        backend = getattr(getattr(result, "runner", result), "backend", None)
+        gib = 1 << 30
+        taken, pool = (free - free_after) / gib, (reserved_after - reserved) / gib
+        split = {
+            "taken_gib": round(taken, 3),
+            "allocator_reserved_gib": round(pool, 3),
+            "allocator_allocated_gib": round((allocated_after - allocated) / gib, 3),
+            "outside_allocator_gib": round(taken - pool, 3),
+            "graphs": len(getattr(backend, "_graphs", None) or ()),
+            "backend": type(backend).__name__ if backend is not None else None,
+        }
+        logging.getLogger("graphfix_test_probe").warning(
+            "graphfix probe: prefill graph memory %s", json.dumps(split)
+        )
+        return result
+
+    cuda_graph_setup.capture_prefill_graph = measured_capture
 
 
 def _counted(fn, counter):

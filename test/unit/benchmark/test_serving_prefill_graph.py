@@ -752,3 +752,59 @@ def test_bench_asks_for_the_profile_where_the_trace_goes(tmp_path, monkeypatch):
     # A failed profiled run is not run again (a second trace would join the first).
     _, result = bench.bench(tmp_path, 1234, run, 1.0, tmp_path, profile_dir=tmp_path)
     assert result == {"error": "the profiled run failed (no client)"}
+
+
+def test_the_probes_graph_memory_split_reaches_the_servers_facts(monkeypatch, caplog):
+    """GRAPHFIX_PROBE_GRAPH_MEMORY's wrapper of sglang's capture_prefill_graph
+    (test/gpu/probe), with the device's memory counters answered as an H200
+    would: one WARNING line splitting the memory the capture took into the
+    caching allocator's pool and the rest, with the graphs counted; the
+    serving script's log_facts keeps it. The wrapper returns what sglang
+    returned (a GraphCapture, or the eager runner its no-bucket branch returns)."""
+    import importlib.util
+    import logging
+    from types import SimpleNamespace
+
+    from sglang.srt.model_executor.model_runner_components import cuda_graph_setup
+
+    root = Path(__file__).resolve().parents[3]
+    spec = importlib.util.spec_from_file_location(
+        "graphfix_test_probe", root / "test/gpu/probe/graphfix_test_probe.py"
+    )
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    gib = 1 << 30
+    free = iter([100 * gib, 97 * gib, 50 * gib, 50 * gib])
+    reserved = iter([10 * gib, 12.5 * gib, 0, 0])
+    allocated = iter([9 * gib, 9.25 * gib, 0, 0])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (next(free), 141 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: next(reserved))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: next(allocated))
+    captured = SimpleNamespace(
+        runner=SimpleNamespace(
+            backend=SimpleNamespace(_graphs=dict.fromkeys(range(58)))
+        )
+    )
+    results = iter([captured, SimpleNamespace(backend=None)])
+    monkeypatch.setattr(
+        cuda_graph_setup, "capture_prefill_graph", lambda **kwargs: next(results)
+    )
+    probe._measure_prefill_graph_memory()
+    with caplog.at_level(logging.WARNING, logger="graphfix_test_probe"):
+        assert cuda_graph_setup.capture_prefill_graph(model_runner=None) is captured
+        eager = cuda_graph_setup.capture_prefill_graph(model_runner=None)
+    assert eager.backend is None
+    bench = load_benchmark("serving_prefill_graph")
+    first, second = (r.getMessage() for r in caplog.records)
+    facts = bench.log_facts(f"[2026-12-05 01:00:00] {first}\n")
+    assert facts["prefill_graph_memory_split"] == {
+        "taken_gib": 3.0,
+        "allocator_reserved_gib": 2.5,
+        "allocator_allocated_gib": 0.25,
+        "outside_allocator_gib": 0.5,
+        "graphs": 58,
+        "backend": "SimpleNamespace",
+    }
+    assert json.loads(second.split("memory ", 1)[1])["graphs"] == 0
+    assert "prefill_graph_memory_split" not in bench.log_facts("no probe here\n")
