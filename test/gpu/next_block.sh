@@ -9,17 +9,16 @@
 # Each block is about 25 min of a 30-min device budget with the bundle and set-up
 # on a fresh machine: one block a session.
 #
-# mamba2 (the default; issue 16, docs/mamba2_full_prefill_graph.md, "The next block"):
-#  1. Nemotron-H-8B's dimensions, breakable, full and disabled servers in one
-#     invocation, the full server's length bound at 0 (every batch eager, the
-#     test probe's switch): why its eager prefill differs from breakable's
-#     (profiled at one prompt of 512 and of 2048 tokens).
+# mamba2 (the default; issue 16, docs/mamba2_full_prefill_graph.md, "Eighth H200 run"):
+#  1. Nemotron-H-8B's dimensions, full with the length bound lifted (the test
+#     probe's switch: every batch replays the graph) and breakable (eager on this
+#     model), one prompt of 512-3072 tokens and four of 512 or 1024, profiled at
+#     1536 and 2048 tokens: the graph's own device time against eager's, side by
+#     side in one session, where the graph loses.
 #  2. Granite-4.0-H-Micro's layout, full and breakable, bursts and long prompts,
 #     profiled at 1 x 16 and 8 x 64 tokens (the host time before each replay).
-#  POST: then, if the block's time allows, the Mamba2 table-fill kernel on the GPU
-#     (MAMBA2_TABLE_FILL_KERNEL: its kernel-level case and the graph vs eager cases
-#     with it on).
-#  The plan's third step (the shipped bound served) is a block of its own.
+#  POST: then, if the block's time allows, the no-buffer NemotronH engine's graph
+#     vs eager with the table-fill kernel (on as shipped since 2026-12-05).
 #
 # qwen3-next (issue 13; docs/next_gpu_blocks.md says what each block answers):
 #  1. Qwen3-Next-80B-A3B's dimensions (FP8), breakable, full and disabled servers
@@ -65,10 +64,11 @@ done'
 case $block in
   mamba2)
     export POST="$POST
-timeout 300 python3 -m pytest test/gpu/test_mamba2_extend_graph.py -k fill_kernel \
-  -q -rA -p no:cacheprovider >\"\$OUT/mamba2_table_fill_kernel.log\" 2>&1"
+timeout 300 python3 -m pytest test/gpu/test_mamba2_full_prefill_graph.py -k \
+  \"nemotron_h-no_buffer and (matches_eager or replays)\" -q -rA -p no:cacheprovider \
+  >\"\$OUT/mamba2_no_buffer_engine.log\" 2>&1"
     exec bash test/gpu/run_block.sh "" "" \
-      "$probe GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST=0 --model nemotron-h-8b --context-length 8192 --modes breakable,full,disabled --workloads sizes --profile 1_x_512_tokens,1_x_2048_tokens" \
+      "$probe GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST=100000 --model nemotron-h-8b --context-length 8192 --modes full,breakable --workloads sizes --profile 1_x_1536_tokens,1_x_2048_tokens" \
       "--model granite-4.0-h-micro --modes full,breakable --workloads burst,long --profile 1_x_16_tokens,8_x_64_tokens"
     ;;
   qwen3-next)

@@ -42,7 +42,7 @@ def test_replayed_graph_equals_the_eager_extend(
     """Also with the conv launched on the bucket's block table
     (MAMBA2_CONV_BLOCK_TABLE, off as shipped): the same numbers either way, so the
     kernel's launches are recorded to show which one ran; and with the tables
-    refilled by sgl-kernel's one-launch fill (MAMBA2_TABLE_FILL_KERNEL, off as
+    refilled by sgl-kernel's one-launch fill (MAMBA2_TABLE_FILL_KERNEL, on as
     shipped) instead of the torch ops."""
     import sglang.kernels.ops.mamba.causal_conv1d_triton as triton_conv
     from sglang_graphfix.srt import full_prefill_graph_capability as capability

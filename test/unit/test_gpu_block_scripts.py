@@ -191,7 +191,7 @@ def test_poll_block_says_when_parts_would_not_come_back(block):
 
 def test_next_block_runs_the_planned_steps_and_summarises_them(block):
     """next_block.sh: the planned serving steps through run_block.sh (the first
-    with the test probe on the path and the full server's length bound at 0),
+    with the test probe on the path and the full server's length bound lifted),
     then each report's traces summarised and the servers diffed into
     RES/post."""
     tmp, env = block
@@ -203,13 +203,13 @@ def test_next_block_runs_the_planned_steps_and_summarises_them(block):
     serving = [c for c in calls if c.startswith("serving")]
     assert serving == [
         "serving [--model nemotron-h-8b --context-length 8192 --modes "
-        "breakable,full,disabled --workloads sizes --profile "
-        "1_x_512_tokens,1_x_2048_tokens] FOO=unset",
+        "full,breakable --workloads sizes --profile "
+        "1_x_1536_tokens,1_x_2048_tokens] FOO=unset",
         "serving [--model granite-4.0-h-micro --modes full,breakable --workloads "
         "burst,long --profile 1_x_16_tokens,8_x_64_tokens] FOO=unset",
     ]
     first, second = (tmp / "calls.log.env").read_text().splitlines()
-    assert first == f"env 0 1 {ROOT}/test/gpu/probe:/site"
+    assert first == f"env 100000 1 {ROOT}/test/gpu/probe:/site"
     assert second == "env unset unset /site"
     for run in ("serving", "serving_2"):
         report = res / run / "serving_prefill_graph.json"
@@ -219,9 +219,10 @@ def test_next_block_runs_the_planned_steps_and_summarises_them(block):
         diff = f"post benchmark/profile_diff.py {profile} --a full --b breakable"
         assert f"{diff} --ops host_runtime" in calls
         assert (res / "post" / f"{run}_full_vs_breakable_kernels.txt").exists()
-    # Then the Mamba2 table-fill kernel's GPU cases.
-    assert calls[-1].startswith(
-        "pytest -m pytest test/gpu/test_mamba2_extend_graph.py -k fill_kernel"
+    # Then the no-buffer NemotronH engine with the table-fill kernel.
+    assert calls[-1] == (
+        "pytest -m pytest test/gpu/test_mamba2_full_prefill_graph.py -k "
+        "nemotron_h-no_buffer and (matches_eager or replays) -q -rA -p no:cacheprovider"
     )
     assert "post rc=0" in (res / "progress.log").read_text()
     assert (res / "DONE").exists()

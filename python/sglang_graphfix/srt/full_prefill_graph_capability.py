@@ -188,10 +188,16 @@ MAMBA2_CONV_BLOCK_TABLE = False
 # about 45 small torch ops, and about 75 more where the bucket has a snapshot
 # plan, each a launch on the host (issue 13's host time before a replay). Equal
 # to the torch fill in Triton's CPU interpreter over random batches
-# (test/unit/sgl_kernel/test_mamba2_prefill_tables.py); off until an H200 runs it
-# (the kernel-level case in test_mamba2_extend_graph.py, and a tiny engine's
-# graph vs eager with the test probe's GRAPHFIX_PROBE_MAMBA2_TABLE_FILL_KERNEL).
-MAMBA2_TABLE_FILL_KERNEL = False
+# (test/unit/sgl_kernel/test_mamba2_prefill_tables.py) and on an H200
+# (benchmark/results/gpu/serving_2026-12-05/, tree 47bf142):
+# test_mamba2_extend_graph.py -k fill_kernel, 25 passed (the compiled kernel
+# against the torch fill; the captured extend with it equal to eager over 24
+# random batches, its launch counted), and a tiny NemotronH engine's graph vs
+# eager with the test probe's GRAPHFIX_PROBE_MAMBA2_TABLE_FILL_KERNEL (extra
+# buffer: every batch replayed, greedy logprobs within 0.0078; the no-buffer
+# engine not run). The host time it saves is not measured served. False: the
+# torch fills.
+MAMBA2_TABLE_FILL_KERNEL = True
 
 
 def mamba2_request_buckets(num_tokens: int, slots: int) -> tuple[int, ...]:
@@ -231,8 +237,11 @@ def mamba2_request_buckets(num_tokens: int, slots: int) -> tuple[int, ...]:
 # 1536 against 2048 is not settled. Against breakable's server both lost from 1536
 # tokens (and the graph 4 x 1024 by 3.2 ms): that server's eager prefill was 12-19
 # ms faster than the full server's at 1536-3072 tokens and 16-24 ms slower at
-# 768-1024, with the same kernels and launch flags (not profiled: the open part of
-# issue 16's "never slower"). Earlier, up to 512 tokens with request
+# 768-1024, with the same kernels and launch flags; profiled side by side on
+# 2026-12-05 (benchmark/results/gpu/serving_2026-12-05/) the two servers' eager
+# prefill ran the same kernels within 0.3-0.8 ms at 1536-3072 tokens, so that was
+# the servers, and the graph's own device time is what is left to profile there
+# (the open part of issue 16's "never slower"). Earlier, up to 512 tokens with request
 # buckets (serving_2026-12-03/), full's median was below eager's at every bursts'
 # and chat workload; its p99 was above eager's at saturation only (853.6 vs 786.3
 # ms), which this bound does not address. Applies to every Mamba2 full graph
