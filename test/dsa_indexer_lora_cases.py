@@ -42,6 +42,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph import (
     set_tc_piecewise_forward_context,
 )
+from sglang.srt.runtime_context import get_parallel
 from sglang.srt.utils.common import CachedKernel
 from sglang_graphfix.srt.layers.attention.dsa import dsa_indexer as ours
 from sglang_graphfix_kernel.lora_head_gate import request_segments
@@ -228,14 +229,16 @@ def _csgmv_expand(
 
 
 FUSED_DELTA_CALLS = []
+FUSED_DELTA_TILES = []  # the tile overrides of each call, in order
 
 
-def _fused_head_gate_delta(out, x, lora_a, lora_b, batch_info):
+def _fused_head_gate_delta(out, x, lora_a, lora_b, batch_info, **tiles):
     """sgl-kernel's add_lora_head_gate_delta_: per request (its
     request_segments view of the batch info), out[rows] += scaling · (x[rows] Aᵀ
     rounded to x's dtype) Bᵀ in fp32, in place; requests of rank-0 slots and
     every other row untouched. Counted."""
     FUSED_DELTA_CALLS.append(batch_info)
+    FUSED_DELTA_TILES.append(tiles)
     return _add_deltas(out, x, lora_a, lora_b, batch_info)
 
 
@@ -326,11 +329,16 @@ def cpu_stand_ins(monkeypatch):
     ours.drop_merged_weights_proj()
     ours._RESERVED.clear()
     FUSED_DELTA_CALLS.clear()
+    FUSED_DELTA_TILES.clear()
     FULL_GATE_CALLS.clear()
     MERGED_GEMM_CALLS.clear()
     for factory in ("tensor", "zeros", "empty", "arange"):
         monkeypatch.setattr(torch, factory, _unpinned(getattr(torch, factory)))
-    with torch.compiler.set_stance("force_eager"):
+    # sglang's parallel context as a server without DP attention publishes it.
+    with (
+        torch.compiler.set_stance("force_eager"),
+        get_parallel().override(attn_dp_enabled=False),
+    ):
         yield
 
 

@@ -34,6 +34,17 @@ import torch
 import triton
 import triton.language as tl
 
+# The largest LoRA pool rank (the pool's max, which sizes the rank tile) these
+# kernels take. On an H200 a rank-256 pool needs more shared memory than there is
+# (the whole gate at 2048+ tokens: 294912 bytes against 232448), and rank 512 fails
+# the delta as well; ranks up to 128 ran at every size tried (2026-12-05, a
+# reviewer's runs). Above it the caller uses sglang's own LoRA kernels.
+MAX_RANK = 128
+# Tiles that do not depend on the batch: under --enable-deterministic-inference a
+# request's delta must not change with what else is in its batch (split K and the
+# K tile follow the token count otherwise, and so does the order of the K sum).
+BATCH_INVARIANT_DELTA_TILES = {"split_k": 1, "block_k": 128, "block_m": 16}
+
 
 @triton.jit
 def _segment_rows(
@@ -314,6 +325,7 @@ def add_lora_head_gate_delta_(
     *,
     block_k: int | None = None,
     split_k: int | None = None,
+    block_m: int | None = None,
 ) -> torch.Tensor:
     """``out[rows] += scaling · (x[rows] Aᵀ) Bᵀ`` per request, in place.
 
@@ -321,8 +333,9 @@ def add_lora_head_gate_delta_(
     lora_a: (loras, max_rank, K); lora_b: (loras, N, max_rank) (sglang's LoRA
     memory-pool buffers for the layer); batch_info: sglang's LoRABatchInfo of
     the csgmv or triton backend. Requests whose adapter has rank 0 (none) and
-    rows past the requests (graph padding) are not touched. block_k / split_k
-    override the tile heuristics (benchmark sweeps).
+    rows past the requests (graph padding) are not touched. block_k / split_k /
+    block_m override the tile heuristics (benchmark sweeps;
+    BATCH_INVARIANT_DELTA_TILES).
     """
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -337,7 +350,8 @@ def add_lora_head_gate_delta_(
     # Tiles as measured best on the H200 (benchmark/dsa_head_gate_kernel_sweep.py,
     # 512-8192 tokens): short prompts split K (in one launch) over 16-row
     # tiles; long ones walk all of K with up to 64 rows, deep K tiles.
-    block_m = min(64, max(16, triton.next_power_of_2(tokens // 128)))
+    if block_m is None:
+        block_m = min(64, max(16, triton.next_power_of_2(tokens // 128)))
     block_r = max(16, triton.next_power_of_2(lora_a.shape[1]))
     block_n = max(16, triton.next_power_of_2(n))
     if split_k is None:

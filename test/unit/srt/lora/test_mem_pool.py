@@ -4,6 +4,7 @@ adapter loads and unloads.
 """
 
 import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -68,25 +69,30 @@ def test_merged_weight_is_rebuilt_after_a_pool_load():
 
 
 @pytest.mark.parametrize(
-    "prefill, deterministic, reserved",
+    "prefill, deterministic, dp_attention, reserved",
     [
-        ("breakable", False, True),
-        ("disabled", False, False),
-        ("breakable", True, False),
+        ("breakable", False, False, True),
+        ("disabled", False, False, False),
+        ("breakable", True, False, False),
+        ("breakable", False, True, False),
     ],
-    ids=["breakable", "no_prefill_graph", "deterministic"],
+    ids=["breakable", "no_prefill_graph", "deterministic", "dp_attention"],
 )
 def test_lora_pool_init_reserves_the_merged_weights(
-    monkeypatch, caplog, prefill, deterministic, reserved
+    monkeypatch, caplog, prefill, deterministic, dp_attention, reserved
 ):
     """sglang's LoRAManager.init_memory_pool allocates, with the pool's own
     buffers and so before the KV cache is sized, one merged weights_proj per
     pool slot, and logs its size; a single-adapter gate then builds its
     merged weight there (the adapter's slot) and gives the gate of a merged
     weight allocated on the fly. Where the gate never takes the merged path
-    (no breakable prefill graph, deterministic inference) nothing is
+    (no breakable prefill graph, deterministic inference, DP attention, under
+    which sglang's LoRA manager keeps the prefill eager) nothing is
     reserved."""
     _lora_server(monkeypatch, prefill=prefill, deterministic=deterministic)
+    monkeypatch.setattr(
+        ours, "get_parallel", lambda: SimpleNamespace(attn_dp_enabled=dp_attention)
+    )
     layer = _lora_weights_proj(_weights_proj(), requests=ONE_ADAPTER_REQUESTS)
     x, _, _ = _inputs()
     unreserved = _one_adapter_gate(

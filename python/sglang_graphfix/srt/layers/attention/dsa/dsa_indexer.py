@@ -34,9 +34,11 @@ from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph impo
     get_tc_piecewise_forward_context,
     is_in_tc_piecewise_cuda_graph,
 )
-from sglang.srt.runtime_context import get_context, get_exec
+from sglang.srt.runtime_context import get_context, get_exec, get_parallel
 from sglang.srt.utils.common import DynamicGradMode
 from sglang_graphfix_kernel.lora_head_gate import (
+    BATCH_INVARIANT_DELTA_TILES,
+    MAX_RANK,
     add_lora_head_gate_delta_,
     lora_head_gate,
     request_segments,
@@ -111,22 +113,29 @@ def lora_head_gate_logits(indexer, x: torch.Tensor, lora_ids) -> torch.Tensor:
     - Otherwise (a request without an adapter, or deterministic inference):
       upstream's fp32 base GEMM, then the delta for the rows of requests with
       one, so rows without one keep that GEMM bit for bit: one fused launch on
-      sglang's dense LoRA backends (csgmv, triton), elsewhere the backend's own
-      kernels."""
+      sglang's dense LoRA backends (csgmv, triton; under deterministic inference
+      with tiles that do not depend on the batch), elsewhere, and for pools of a
+      rank above sgl-kernel's MAX_RANK, the backend's own kernels."""
     layer = indexer.weights_proj  # ReplicatedLinearWithLoRA
     if not dsa_indexer._is_cuda:
         # Off CUDA upstream's base projection is the module call itself, which
         # for a LoRA layer already adds the delta (as upstream's eager path).
         return layer(x)[0].float()
     backend = layer.lora_backend
-    if not isinstance(backend, (ChunkedSgmvLoRABackend, TritonLoRABackend)):
+    if (
+        not isinstance(backend, (ChunkedSgmvLoRABackend, TritonLoRABackend))
+        or layer.lora_a.shape[1] > MAX_RANK
+    ):
         base = indexer._weights_proj_bf16_in_fp32_out(x)
         return add_delta_with_lora_backend(layer, x, base)
     batch_info = backend.get_batch_info()
     if lora_ids:
         return lora_head_gate(x, layer.weight, layer.lora_a, layer.lora_b, batch_info)
     base = indexer._weights_proj_bf16_in_fp32_out(x)
-    return add_lora_head_gate_delta_(base, x, layer.lora_a, layer.lora_b, batch_info)
+    tiles = BATCH_INVARIANT_DELTA_TILES if deterministic_inference() else {}
+    return add_lora_head_gate_delta_(
+        base, x, layer.lora_a, layer.lora_b, batch_info, **tiles
+    )
 
 
 @torch.compile(dynamic=True)
@@ -167,7 +176,8 @@ def merged_gate_reachable(indexer) -> bool:
     manager does before it sets up its memory pool; weights_proj_has_lora
     holds once the pool's buffers are set), on CUDA with sglang's csgmv or
     triton backend, the breakable prefill graph (whose split op calls the
-    gate) and no --enable-deterministic-inference."""
+    gate), no --enable-deterministic-inference and no DP attention (under which
+    sglang's LoRA manager keeps the prefill eager, graph or not)."""
     return (
         dsa_indexer._is_cuda
         and not indexer.use_dsa_indexer_fusion
@@ -178,6 +188,7 @@ def merged_gate_reachable(indexer) -> bool:
         )
         and breakable_prefill_graph()
         and not deterministic_inference()
+        and not get_parallel().attn_dp_enabled
     )
 
 

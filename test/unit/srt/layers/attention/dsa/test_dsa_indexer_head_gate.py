@@ -12,6 +12,7 @@ from dsa_indexer_lora_cases import (
     ADAPTER_ROWS,
     FULL_GATE_CALLS,
     FUSED_DELTA_CALLS,
+    FUSED_DELTA_TILES,
     MERGED_GEMM_CALLS,
     REQUESTS,
     ROWS,
@@ -38,6 +39,7 @@ from sglang.srt.layers.attention.dsa.dsa_indexer import Indexer
 from sglang.srt.lora.backend.triton_backend import TritonLoRABackend
 from sglang.srt.lora.layers import ReplicatedLinearWithLoRA
 from sglang_graphfix.srt.layers.attention.dsa import dsa_indexer as ours
+from sglang_graphfix_kernel.lora_head_gate import BATCH_INVARIANT_DELTA_TILES
 
 # --------------------------------------------------------------------------- #
 # Head gate (Indexer._get_logits_head_gate), as the graph split op calls it.
@@ -138,6 +140,7 @@ def test_head_gate_with_a_request_without_adapter_keeps_upstreams_gemm(lora_ids)
 
     assert not FULL_GATE_CALLS
     assert indexer.fp32_gemm_calls == 1 and len(FUSED_DELTA_CALLS) == 1
+    assert FUSED_DELTA_TILES == [{}]  # the kernel's own tiles
     _assert_gate(gate, x, q_scale)
 
 
@@ -166,6 +169,29 @@ def test_deterministic_inference_keeps_upstreams_gemm(monkeypatch, requests):
 
     assert not FULL_GATE_CALLS and not MERGED_GEMM_CALLS
     assert indexer.fp32_gemm_calls == 1 and len(FUSED_DELTA_CALLS) == 1
+    # ... with tiles that do not follow the batch's tokens
+    # (test_lora_head_gate.py holds them bit-identical across batches).
+    assert FUSED_DELTA_TILES == [BATCH_INVARIANT_DELTA_TILES]
+
+
+def test_pools_above_the_kernels_rank_take_sglangs_lora_kernels(monkeypatch):
+    """A LoRA pool of a rank above sgl-kernel's MAX_RANK (on an H200 a rank-256
+    pool's tiles need more shared memory than there is): upstream's GEMM and
+    sglang's own shrink and expand, whatever the batch; the gate is unchanged."""
+    monkeypatch.setattr(ours, "MAX_RANK", 4)  # this pool's rank is 8
+    for requests in (ALL_ADAPTER_REQUESTS, [(5, 1), (3, 0), (4, 2)]):
+        layer = _lora_weights_proj(_weights_proj(), backend="csgmv", requests=requests)
+        indexer = _indexer(layer)
+        x, _, _ = _inputs()
+        q_scale = _q_scale()
+        with _split_op_context(_lora_ids(requests)):
+            gate = indexer._get_logits_head_gate(x, q_scale)
+        assert not FULL_GATE_CALLS and not FUSED_DELTA_CALLS
+        assert indexer.fp32_gemm_calls == 1
+        reference = _gate(_reference_logits(x, requests=requests), q_scale)
+        torch.testing.assert_close(
+            gate, reference, rtol=2e-2, atol=1e-2 * reference.abs().max().item()
+        )
 
 
 def test_split_op_lora_ids_reads_the_split_op_batch():

@@ -1,0 +1,70 @@
+"""sgl-kernel's LoRA head-gate delta in Triton's CPU interpreter: one request's
+rows alone and then beside other requests of 1000 and 5000 tokens (a base-only
+request, as a batch mixing requests with and without an adapter has), with the
+tiles --enable-deterministic-inference takes (BATCH_INVARIANT_DELTA_TILES) and
+with the default tiles, which follow the batch's tokens. Prints one JSON line
+per tile choice and batch. A script: TRITON_INTERPRET must be set before triton
+is imported (test_lora_head_gate.py runs it in a subprocess); fp16, as
+interpret_lora_head_gate.py says why."""
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import json  # noqa: E402
+
+import torch  # noqa: E402
+
+
+def _unpinned(factory):
+    def unpinned(*args, pin_memory=False, **kwargs):
+        return factory(*args, **kwargs)  # pinning needs a CUDA driver
+
+    return unpinned
+
+
+for _name in ("tensor", "zeros", "empty", "arange"):
+    setattr(torch, _name, _unpinned(getattr(torch, _name)))
+
+from lora_head_gate_cases import prepare  # noqa: E402
+
+from sglang_graphfix_kernel.lora_head_gate import (  # noqa: E402
+    BATCH_INVARIANT_DELTA_TILES,
+    add_lora_head_gate_delta_,
+)
+
+K, N, RANK, ROWS = 1024, 64, 16, 64
+
+if __name__ == "__main__":
+    g = torch.Generator().manual_seed(0)
+    x_request = torch.randn(ROWS, K, generator=g).half()
+    lora_a = torch.zeros(3, RANK, K, dtype=torch.half)
+    lora_b = torch.zeros(3, N, RANK, dtype=torch.half)
+    lora_a[1] = (torch.randn(RANK, K, generator=g) / K**0.5).half()
+    lora_b[1] = torch.randn(N, RANK, generator=g).half()
+    base_request = torch.randn(ROWS, N, generator=g)
+    for tiles_name, tiles in (
+        ("batch_invariant", BATCH_INVARIANT_DELTA_TILES),
+        ("default", {}),
+    ):
+        alone = None
+        for others in (0, 1000, 5000):
+            requests = [(ROWS, 1)] + ([(others, 0)] if others else [])
+            backend = prepare("triton", False, requests, {1: (RANK, 2.0)})
+            x = torch.cat([x_request, torch.zeros(others, K, dtype=torch.half)])
+            base = torch.cat([base_request, torch.zeros(others, N)])
+            out = add_lora_head_gate_delta_(
+                base, x, lora_a, lora_b, backend.get_batch_info(), **tiles
+            )[:ROWS]
+            alone = out.clone() if alone is None else alone
+            print(
+                json.dumps(
+                    {
+                        "tiles": tiles_name,
+                        "other_tokens": others,
+                        "equal_to_alone": bool(torch.equal(out, alone)),
+                        "max_abs_diff": float((out - alone).abs().max()),
+                    }
+                ),
+                flush=True,
+            )
