@@ -32,8 +32,8 @@ def run_case():
 
 @pytest.mark.parametrize(
     "conv_block_table, table_fill_kernel",
-    [(False, False), (True, False), (True, True)],
-    ids=["", "conv_table", "conv_table_fill_kernel"],
+    [(False, False), (True, False), (True, True), (False, True)],
+    ids=["", "conv_table", "conv_table_fill_kernel", "fill_kernel"],
 )
 @pytest.mark.parametrize("seed", range(CASES))
 def test_replayed_graph_equals_the_eager_extend(

@@ -191,12 +191,13 @@ MAMBA2_CONV_BLOCK_TABLE = False
 # (test/unit/sgl_kernel/test_mamba2_prefill_tables.py) and on an H200
 # (benchmark/results/gpu/serving_2026-12-05/, tree 47bf142):
 # test_mamba2_extend_graph.py -k fill_kernel, 25 passed (the compiled kernel
-# against the torch fill; the captured extend with it equal to eager over 24
-# random batches, its launch counted), and a tiny NemotronH engine's graph vs
+# against the torch fill; the captured extend with it, and with the conv block
+# table, equal to eager over 24 random batches, its launch counted), and a tiny
+# NemotronH engine's graph vs
 # eager with the test probe's GRAPHFIX_PROBE_MAMBA2_TABLE_FILL_KERNEL (extra
-# buffer: every batch replayed, greedy logprobs within 0.0078; the no-buffer
-# engine not run). The host time it saves is not measured served. False: the
-# torch fills.
+# buffer: every batch replayed, greedy logprobs within 0.0078; that JSON records
+# no launch count; the no-buffer engine not run). The host time it saves is not
+# measured served. False: the torch fills.
 MAMBA2_TABLE_FILL_KERNEL = True
 
 

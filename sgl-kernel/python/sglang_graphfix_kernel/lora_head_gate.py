@@ -38,7 +38,8 @@ import triton.language as tl
 # kernels take. On an H200 a rank-256 pool needs more shared memory than there is
 # (the whole gate at 2048+ tokens: 294912 bytes against 232448), and rank 512 fails
 # the delta as well; ranks up to 128 ran at every size tried (2026-12-05, a
-# reviewer's runs). Above it the caller uses sglang's own LoRA kernels.
+# reviewer's runs, not kept as a file). Above it the caller uses sglang's own
+# LoRA kernels.
 MAX_RANK = 128
 # Tiles that do not depend on the batch: under --enable-deterministic-inference a
 # request's delta must not change with what else is in its batch (split K and the

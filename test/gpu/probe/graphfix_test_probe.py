@@ -59,9 +59,11 @@ of the switched-off paths.
 GRAPHFIX_PROBE_GRAPH_MEMORY=1: after sglang captures the prefill graphs
 (cuda_graph_setup.capture_prefill_graph), one WARNING line in the server's log,
 "graphfix probe: prefill graph memory {json}": the device memory the capture
-took (free memory before and after), how much of it the caching allocator
-reserved (the graphs' memory pool: their activations) and allocated, the rest
-outside it (graph objects, library workspaces), and the graphs captured
+took (free memory before and after), how much more the caching allocator
+reserved (the graphs' pool, and whatever the capture's warm-up forwards left
+cached; sglang empties the cache inside the call, before its own reading) and
+allocated, the rest outside it (graph objects, library workspaces, kernels
+loaded), and the graphs captured
 (benchmark/serving_prefill_graph.py keeps it among the server's facts).
 """
 

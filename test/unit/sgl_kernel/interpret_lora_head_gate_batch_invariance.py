@@ -43,28 +43,39 @@ if __name__ == "__main__":
     lora_a[1] = (torch.randn(RANK, K, generator=g) / K**0.5).half()
     lora_b[1] = torch.randn(N, RANK, generator=g).half()
     base_request = torch.randn(ROWS, N, generator=g)
-    for tiles_name, tiles in (
-        ("batch_invariant", BATCH_INVARIANT_DELTA_TILES),
-        ("default", {}),
-    ):
-        alone = None
-        for others in (0, 1000, 5000):
-            requests = [(ROWS, 1)] + ([(others, 0)] if others else [])
-            backend = prepare("triton", False, requests, {1: (RANK, 2.0)})
-            x = torch.cat([x_request, torch.zeros(others, K, dtype=torch.half)])
-            base = torch.cat([base_request, torch.zeros(others, N)])
-            out = add_lora_head_gate_delta_(
-                base, x, lora_a, lora_b, backend.get_batch_info(), **tiles
-            )[:ROWS]
-            alone = out.clone() if alone is None else alone
-            print(
-                json.dumps(
-                    {
-                        "tiles": tiles_name,
-                        "other_tokens": others,
-                        "equal_to_alone": bool(torch.equal(out, alone)),
-                        "max_abs_diff": float((out - alone).abs().max()),
-                    }
-                ),
-                flush=True,
-            )
+    for backend_name in ("triton", "csgmv"):
+        for tiles_name, tiles in (
+            ("batch_invariant", BATCH_INVARIANT_DELTA_TILES),
+            ("default", {}),
+        ):
+            alone = None
+            # The other request before it too: its rows then start at a row
+            # that is no multiple of 16.
+            for others, first in ((0, True), (1000, True), (5000, True), (1000, False)):
+                other = [(others, 0)] if others else []
+                requests = [(ROWS, 1)] + other if first else other + [(ROWS, 1)]
+                backend = prepare(backend_name, False, requests, {1: (RANK, 2.0)})
+                pad_x = torch.zeros(others, K, dtype=torch.half)
+                pad_base = torch.zeros(others, N)
+                x = torch.cat([x_request, pad_x] if first else [pad_x, x_request])
+                base = torch.cat(
+                    [base_request, pad_base] if first else [pad_base, base_request]
+                )
+                out = add_lora_head_gate_delta_(
+                    base, x, lora_a, lora_b, backend.get_batch_info(), **tiles
+                )
+                out = out[:ROWS] if first else out[others:]
+                alone = out.clone() if alone is None else alone
+                print(
+                    json.dumps(
+                        {
+                            "backend": backend_name,
+                            "tiles": tiles_name,
+                            "other_tokens": others,
+                            "request_first": first,
+                            "equal_to_alone": bool(torch.equal(out, alone)),
+                            "max_abs_diff": float((out - alone).abs().max()),
+                        }
+                    ),
+                    flush=True,
+                )

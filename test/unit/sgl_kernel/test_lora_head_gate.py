@@ -54,15 +54,26 @@ def test_gate_matches_the_fp32_reference(results, case):
 
 def test_batch_invariant_tiles_give_a_request_the_same_delta_in_any_batch():
     """--enable-deterministic-inference: with BATCH_INVARIANT_DELTA_TILES a
-    request's delta is bit-identical alone and beside 1000 or 5000 other tokens;
+    request's delta is bit-identical alone and beside 1000 or 5000 other tokens
+    (after them too, from a row that is no multiple of 16), on both dense LoRA
+    backends' batch info;
     the default tiles (split K and the K tile follow the token count) are not:
     the control that shows the comparison can fail."""
     rows = run_interpreted(
         Path(__file__).with_name("interpret_lora_head_gate_batch_invariance.py"),
         timeout=300,
     )
-    invariant = [r for r in rows if r["tiles"] == "batch_invariant"]
-    default = [r for r in rows if r["tiles"] == "default"]
-    assert [r["other_tokens"] for r in invariant] == [0, 1000, 5000]
-    assert all(r["equal_to_alone"] for r in invariant), invariant
-    assert not all(r["equal_to_alone"] for r in default), default
+    for backend in ("triton", "csgmv"):
+        invariant = [
+            r
+            for r in rows
+            if (r["backend"], r["tiles"]) == (backend, "batch_invariant")
+        ]
+        default = [
+            r for r in rows if (r["backend"], r["tiles"]) == (backend, "default")
+        ]
+        assert [(r["other_tokens"], r["request_first"]) for r in invariant] == [
+            (0, True), (1000, True), (5000, True), (1000, False),
+        ]  # fmt: skip
+        assert all(r["equal_to_alone"] for r in invariant), invariant
+        assert not all(r["equal_to_alone"] for r in default), default
