@@ -7,28 +7,15 @@ per tile choice and batch. A script: TRITON_INTERPRET must be set before triton
 is imported (test_lora_head_gate.py runs it in a subprocess); fp16, as
 interpret_lora_head_gate.py says why."""
 
-import os
+import json
 
-os.environ["TRITON_INTERPRET"] = "1"
+# Its import sets TRITON_INTERPRET and unpins torch's factories (no CUDA driver)
+# before triton is imported, as its own cases need.
+import interpret_lora_head_gate  # noqa: F401
+import torch
+from lora_head_gate_cases import prepare
 
-import json  # noqa: E402
-
-import torch  # noqa: E402
-
-
-def _unpinned(factory):
-    def unpinned(*args, pin_memory=False, **kwargs):
-        return factory(*args, **kwargs)  # pinning needs a CUDA driver
-
-    return unpinned
-
-
-for _name in ("tensor", "zeros", "empty", "arange"):
-    setattr(torch, _name, _unpinned(getattr(torch, _name)))
-
-from lora_head_gate_cases import prepare  # noqa: E402
-
-from sglang_graphfix_kernel.lora_head_gate import (  # noqa: E402
+from sglang_graphfix_kernel.lora_head_gate import (
     BATCH_INVARIANT_DELTA_TILES,
     add_lora_head_gate_delta_,
 )
