@@ -7,7 +7,9 @@
 #     >/tmp/block.log 2>&1 </dev/null & }
 # then only polling calls, back to back: RES=/tmp/res bash test/gpu/poll_block.sh 240
 # Each block is about 25 min of a 30-min device budget with the bundle and set-up
-# on a fresh machine: one block a session.
+# on a fresh machine: one block a session. Bundles: mamba2 serves on FlashInfer
+# (a NOFA3=1 re-split will do), qwen3-next on fa3 and stops at once without it
+# (docs/next_gpu_blocks.md).
 #
 # mamba2 (the default; issue 16, docs/mamba2_full_prefill_graph.md, "Eighth H200 run"):
 #  1. Nemotron-H-8B's dimensions, full with the length bound lifted (the test
@@ -72,6 +74,15 @@ timeout 300 python3 -m pytest test/gpu/test_mamba2_full_prefill_graph.py -k \
       "--model granite-4.0-h-micro --modes full,breakable --workloads burst,long --profile 1_x_16_tokens,8_x_64_tokens"
     ;;
   qwen3-next)
+    # sglang's Hopper default attention backend, which these servers keep, is
+    # FlashAttention-3: a bundle re-split with NOFA3=1 has none, and every server
+    # would die at start-up (2026-12-05, after 10 min of device time).
+    if ! python3 -c "from sgl_kernel import flash_ops" 2>/dev/null; then
+      echo "next_block.sh: qwen3-next serves on fa3 (sglang's default on Hopper), and this" \
+        "site's sgl_kernel has no FlashAttention-3 library: carry a bundle re-split" \
+        "without NOFA3=1 (test/gpu/resplit_bundle.sh)" >&2
+      exit 3
+    fi
     export POST="$POST
 timeout 300 python3 -m pytest test/gpu/test_kimi_linear_full_prefill_graph.py -k slot_floor \
   -q -rA -p no:cacheprovider >\"\$OUT/kimi_linear_slot_floor.log\" 2>&1"

@@ -37,6 +37,10 @@ if [ "$1" = benchmark/serving_prefill_graph.py ]; then
   head -c 4096 /dev/urandom >"$OUT/logs/rank0.trace.json.gz"
   exit 0
 fi
+if [ "$1" = -c ] && [ "$2" = "from sgl_kernel import flash_ops" ]; then
+  echo "fa3 check" >>"$BLOCK_CALLS"
+  exit "${FAKE_FA3_RC:-0}"
+fi
 case "$1" in benchmark/trace_summary.py | benchmark/profile_diff.py)
   echo "post $*" >>"$BLOCK_CALLS"
   echo '{}'
@@ -260,6 +264,23 @@ def test_next_block_qwen3_next_serves_issue_13s_runs(block):
     ]
     assert "post rc=0" in (res / "progress.log").read_text()
     assert (res / "DONE").exists()
+
+
+def test_next_block_qwen3_next_stops_on_a_site_without_fa3(block):
+    """Its servers keep sglang's Hopper default (fa3): on a site whose sgl_kernel
+    lacks FlashAttention-3 (a NOFA3 bundle) the block stops before any server,
+    naming the bundle to carry instead."""
+    tmp, env = block
+    env["FAKE_FA3_RC"] = "1"
+    done = _run("next_block.sh", ["qwen3-next"], env)
+    assert done.returncode == 3
+    assert "no FlashAttention-3 library" in done.stderr
+    assert "without NOFA3=1" in done.stderr
+    assert (tmp / "calls.log").read_text().splitlines() == ["fa3 check"]
+    # The mamba2 block serves on FlashInfer and does not ask.
+    done = _run("next_block.sh", ["mamba2"], env)
+    assert done.returncode == 0, done.stderr
+    assert "fa3 check" not in (tmp / "calls.log").read_text().splitlines()[1:]
 
 
 def test_next_block_refuses_a_block_it_does_not_plan(block):
