@@ -427,6 +427,11 @@ def log_facts(log: str) -> dict:
         for line in log.splitlines()
         if "Full prefill CUDA graph" in line or "Prefill paths:" in line
     ]
+    # Why a server that died said it did: its last Python exception line (a
+    # block's servers all died of `ImportError: Can not import FA3 in sgl_kernel`
+    # on 2026-12-05 and the report said only "exited with -9 before ready").
+    raised = re.findall(r"^(?:\w+\.)*\w*(?:Error|Exception): .*$", log, re.M)
+    facts["last_exception"] = raised[-1].strip() if raised else None
     # The test probe's split of that memory (GRAPHFIX_PROBE_GRAPH_MEMORY=1).
     split = re.findall(r"graphfix probe: prefill graph memory (\{.*\})", log)
     if split:
@@ -724,6 +729,10 @@ def run_mode(model_dir: Path, mode: str, args, log_dir: Path, entry, save) -> No
     text = log_path.read_text(errors="replace")
     entry["server_log"] = {**log_facts(text), "ready_s": _ready_seconds(text)}
     save()
+    if "error" in entry:
+        print(
+            mode, "failed:", entry["error"], "|", entry["server_log"]["last_exception"]
+        )
     if stopped is not None:
         raise stopped
     time.sleep(5)  # the GPU is free before the next server starts

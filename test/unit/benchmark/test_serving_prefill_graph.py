@@ -808,3 +808,43 @@ def test_the_probes_graph_memory_split_reaches_the_servers_facts(monkeypatch, ca
     }
     assert json.loads(second.split("memory ", 1)[1])["graphs"] == 0
     assert "prefill_graph_memory_split" not in bench.log_facts("no probe here\n")
+
+
+def test_a_server_that_died_says_why_in_its_facts():
+    """A server that dies before it is ready leaves a traceback in its log; its
+    last exception line is what the report keeps (2026-12-05: all three servers of
+    a block died of a missing FA3 library, and the report said only "exited with
+    -9"). Lines that only mention an error are not taken for one."""
+    bench = load_benchmark("serving_prefill_graph")
+    died = (
+        "[2026-12-05 03:21:51] Ignore import error when loading "
+        "sglang.srt.models.inkling: No module named 'quack'\n"
+        "Traceback (most recent call last):\n"
+        '  File "/site/sgl_kernel/flash_attn.py", line 8, in <module>\n'
+        "    from sgl_kernel import flash_ops\n"
+        "ImportError: cannot import name 'flash_ops' from 'sgl_kernel'\n"
+        "\nDuring handling of the above exception, another exception occurred:\n\n"
+        '  File "/site/sgl_kernel/flash_attn.py", line 10, in <module>\n'
+        "    raise ImportError(\n"
+        "ImportError: Can not import FA3 in sgl_kernel. Please check your installation.\n"
+        "\n[2026-12-05 03:23:17] Received sigquit from a child process. It usually "
+        "means the child failed.\n"
+    )
+    assert bench.log_facts(died)["last_exception"] == (
+        "ImportError: Can not import FA3 in sgl_kernel. Please check your installation."
+    )
+    healthy = (
+        "[2026-12-05 03:40:37] Ignore import error when loading sglang.srt.models."
+        "inkling: No module named 'quack'\n"
+        "  warnings.warn(  # UserWarning: 'python -m sglang.launch_server' is still "
+        "supported\n"
+        "[2026-12-05 03:41:49] Capture target prefill CUDA graph end. elapsed=67.97 s\n"
+    )
+    assert bench.log_facts(healthy)["last_exception"] is None
+    # torch's own exception classes carry their module.
+    assert (
+        bench.log_facts("torch.OutOfMemoryError: CUDA out of memory.\n")[
+            "last_exception"
+        ]
+        == "torch.OutOfMemoryError: CUDA out of memory."
+    )
