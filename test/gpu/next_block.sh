@@ -35,8 +35,8 @@
 #     prefill 512: the request-slot floor's cached-prefix chunks keep a 2000-token
 #     prompt's every chunk on the graph, its outputs equal to eager.
 #
-# POST, both blocks: each served report's traces summarised (trace_summary.py)
-# and the servers diffed (profile_diff.py: device ops, and the CUDA runtime's
+# POST, both blocks: each served report's traces summarised (trace_summary.py;
+# run_block.sh already did, right after each serving run) and the servers diffed (profile_diff.py: device ops, and the CUDA runtime's
 # calls) into RES/post, on the device (the traces may be too large to come back).
 set -u
 cd "$(dirname "$0")/../.."
@@ -54,7 +54,9 @@ res=${RES:-/tmp/res}
 for run in serving serving_2; do
   report=$res/$run/serving_prefill_graph.json
   [ -e "$report" ] || continue
-  python3 benchmark/trace_summary.py "$report" >"$OUT/${run}_profile.json" || continue
+  # run_block.sh summarised it after the run; again only where that failed.
+  [ -s "$OUT/${run}_profile.json" ] \
+    || python3 benchmark/trace_summary.py "$report" >"$OUT/${run}_profile.json" || continue
   for pair in "full breakable" "full disabled" "breakable disabled"; do
     set -- $pair
     for ops in kernels host_runtime; do

@@ -11,7 +11,9 @@
 # side-by-side modules. PRE, if set, is a command run first, alone on the GPU
 # (OUT=RES/pre; its output in RES/pre.log), e.g. a kernel microbenchmark; POST
 # likewise last (OUT=RES/post, RES/post.log), e.g. a profile. PRE_TIMEOUT and
-# POST_TIMEOUT bound them (seconds, default 900). RES/gpu_clocks.csv: nvidia-smi's
+# POST_TIMEOUT bound them (seconds, default 900). A serving run with profiled runs
+# is summarised right after it (benchmark/trace_summary.py into
+# RES/post/NAME_profile.json, SUMMARY_TIMEOUT seconds at most, default 300). RES/gpu_clocks.csv: nvidia-smi's
 # clocks, power, utilisation and clock event reasons, every 100 ms;
 # RES/triton_autotune: Triton's cached autotuning choices.
 #   GRAPHFIX_COMMIT=<sha> RES=/tmp/res bash test/gpu/run_block.sh \
@@ -99,6 +101,16 @@ for serving_args in "$@"; do
     python3 benchmark/serving_prefill_graph.py "${flags[@]}" >"$res/$name.out" 2>&1
   stamp "$name ($serving_args) rc=$?"
   keep_autotune
+  # Its profiled runs summarised now, before the next step (nothing is timed
+  # meanwhile): the traces stay on the machine, and a block cut short later
+  # still hands this back (2026-12-05: two servers' traces were lost so).
+  report=$res/$name/serving_prefill_graph.json
+  if grep -q '"profiled"' "$report" 2>/dev/null; then
+    mkdir -p "$res/post"
+    timeout "${SUMMARY_TIMEOUT:-300}" python3 benchmark/trace_summary.py "$report" \
+      >"$res/post/${name}_profile.json" 2>"$res/post/${name}_profile.err"
+    stamp "$name profile summary rc=$?"
+  fi
 done
 if [ -n "${POST:-}" ]; then
   mkdir -p "$res/post"

@@ -32,7 +32,10 @@ if [ "$1" = benchmark/serving_prefill_graph.py ]; then
     "${GRAPHFIX_PROBE_GRAPH_MEMORY:-unset} $PYTHONPATH" \
     >>"$BLOCK_CALLS.env"
   mkdir -p "$OUT/logs"
-  echo '{"modes": {}}' >"$OUT/serving_prefill_graph.json"
+  case " $* " in
+    *" --profile "*) echo '{"modes": {"full": {"profiled": {}}}}' ;;
+    *) echo '{"modes": {}}' ;;
+  esac >"$OUT/serving_prefill_graph.json"
   echo server >"$OUT/logs/server_full.log"
   head -c 4096 /dev/urandom >"$OUT/logs/rank0.trace.json.gz"
   exit 0
@@ -217,9 +220,16 @@ def test_next_block_runs_the_planned_steps_and_summarises_them(block):
     assert second == "env unset unset /site"
     for run in ("serving", "serving_2"):
         report = res / run / "serving_prefill_graph.json"
-        assert f"post benchmark/trace_summary.py {report}" in calls
+        # Summarised once, right after its serving run (before the next one):
+        # POST finds the summary and diffs it.
+        summary = calls.index(f"post benchmark/trace_summary.py {report}")
+        assert calls.count(calls[summary]) == 1
+        assert calls[summary - 1].startswith("serving [") and (
+            run == "serving_2" or calls[summary + 1].startswith("serving [")
+        )
         profile = res / "post" / f"{run}_profile.json"
         assert profile.read_text() == "{}\n"
+        assert f"{run} profile summary rc=0" in (res / "progress.log").read_text()
         diff = f"post benchmark/profile_diff.py {profile} --a full --b breakable"
         assert f"{diff} --ops host_runtime" in calls
         assert (res / "post" / f"{run}_full_vs_breakable_kernels.txt").exists()
