@@ -63,7 +63,11 @@ took (free memory before and after), how much more the caching allocator
 reserved (the graphs' pool, and whatever the capture's warm-up forwards left
 cached; sglang empties the cache inside the call, before its own reading) and
 allocated, the rest outside it (graph objects, library workspaces, kernels
-loaded), and the graphs captured
+loaded), and the graphs captured, with "held_after_capture": the device tensors
+Python holds after the capture that it did not hold before (found by a walk of
+the garbage collector's objects; views counted once per storage), grouped by
+shape and dtype, the largest first (what the graphs keep allocated: their
+outputs, attention metadata; tensors only C++ holds are not seen)
 (benchmark/serving_prefill_graph.py keeps it among the server's facts).
 """
 
@@ -194,9 +198,13 @@ def _measure_prefill_graph_memory():
         )
 
     def measured_capture(*args, **kwargs):
+        held = _held_device_storages()
         free, reserved, allocated = memory()
         result = capture(*args, **kwargs)
         free_after, reserved_after, allocated_after = memory()
+        new = _held_device_storages()
+        for ptr in held:
+            new.pop(ptr, None)
         backend = getattr(getattr(result, "runner", result), "backend", None)
         gib = 1 << 30
         taken, pool = (free - free_after) / gib, (reserved_after - reserved) / gib
@@ -207,6 +215,7 @@ def _measure_prefill_graph_memory():
             "outside_allocator_gib": round(taken - pool, 3),
             "graphs": len(getattr(backend, "_graphs", None) or ()),
             "backend": type(backend).__name__ if backend is not None else None,
+            "held_after_capture": _largest_groups(new.values()),
         }
         logging.getLogger("graphfix_test_probe").warning(
             "graphfix probe: prefill graph memory %s", json.dumps(split)
@@ -214,6 +223,48 @@ def _measure_prefill_graph_memory():
         return result
 
     cuda_graph_setup.capture_prefill_graph = measured_capture
+
+
+HELD_DEVICE = "cuda"  # the device whose tensors _held_device_storages lists
+
+
+def _held_device_storages() -> dict:
+    """{storage pointer: (bytes, shape, dtype)} of the HELD_DEVICE tensors the
+    garbage collector can reach (the first tensor met stands for its storage)."""
+    import gc
+
+    import torch
+
+    held = {}
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.Tensor) and obj.device.type == HELD_DEVICE:
+            try:
+                storage = obj.untyped_storage()
+            except (RuntimeError, NotImplementedError):  # no plain storage
+                continue
+            held.setdefault(
+                storage.data_ptr(),
+                (storage.nbytes(), tuple(obj.shape), str(obj.dtype)),
+            )
+    return held
+
+
+def _largest_groups(storages, top=8) -> list:
+    """Storages grouped by (shape, dtype): count and MiB, the largest first."""
+    groups = {}
+    for nbytes, shape, dtype in storages:
+        count, total = groups.get((shape, dtype), (0, 0))
+        groups[(shape, dtype)] = (count + 1, total + nbytes)
+    ranked = sorted(groups.items(), key=lambda item: -item[1][1])[:top]
+    return [
+        {
+            "shape": list(shape),
+            "dtype": dtype,
+            "count": count,
+            "mib": round(total / 2**20, 3),
+        }
+        for (shape, dtype), (count, total) in ranked
+    ]
 
 
 def _counted(fn, counter):

@@ -787,9 +787,20 @@ def test_the_probes_graph_memory_split_reaches_the_servers_facts(monkeypatch, ca
         )
     )
     results = iter([captured, SimpleNamespace(backend=None)])
-    monkeypatch.setattr(
-        cuda_graph_setup, "capture_prefill_graph", lambda **kwargs: next(results)
-    )
+    # What the capture leaves held (the probe lists tensors of HELD_DEVICE; CPU
+    # here): three graphs' outputs, a view of one of them (one storage), and a
+    # tensor held from before the capture, which is not the capture's.
+    monkeypatch.setattr(probe, "HELD_DEVICE", "cpu")
+    before = torch.zeros(4096, 1024)
+
+    def capture(**kwargs):
+        result = next(results)
+        if result is captured:
+            outputs = [torch.zeros(16, 1024) for _ in range(3)]
+            captured.runner.held = [*outputs, outputs[0][:8], before, torch.zeros(3, 1)]
+        return result
+
+    monkeypatch.setattr(cuda_graph_setup, "capture_prefill_graph", capture)
     probe._measure_prefill_graph_memory()
     with caplog.at_level(logging.WARNING, logger="graphfix_test_probe"):
         assert cuda_graph_setup.capture_prefill_graph(model_runner=None) is captured
@@ -805,7 +816,12 @@ def test_the_probes_graph_memory_split_reaches_the_servers_facts(monkeypatch, ca
         "outside_allocator_gib": 0.5,
         "graphs": 58,
         "backend": "SimpleNamespace",
+        "held_after_capture": [
+            {"shape": [16, 1024], "dtype": "torch.float32", "count": 3, "mib": 0.188},
+            {"shape": [3, 1], "dtype": "torch.float32", "count": 1, "mib": 0.0},
+        ],
     }
+    assert before.shape == (4096, 1024)  # held across the capture, not listed
     assert json.loads(second.split("memory ", 1)[1])["graphs"] == 0
     assert "prefill_graph_memory_split" not in bench.log_facts("no probe here\n")
 
