@@ -25,8 +25,9 @@
 # qwen3-next (issue 13; docs/next_gpu_blocks.md says what each block answers):
 #  1. Qwen3-Next-80B-A3B's dimensions (FP8), breakable, full and disabled servers
 #     at sglang's default chunking, bursts and long prompts (--quick), each server's
-#     8k-16k run profiled: disabled measured beside the other two, and what the
-#     full server spends where breakable's long prompts come sooner; with the test
+#     8k-16k and 4 x 256 runs profiled: disabled measured beside the other two, and
+#     what the full server spends where breakable's come sooner (with FlashInfer
+#     attention full lost both, 2026-12-05); with the test
 #     probe, for its split of each prefill graph's memory (issue 13's memory goal;
 #     it also counts the full graph's replays, a file append each).
 #  2. The same model at --chunked-prefill-size 512, breakable and full, bursts:
@@ -89,7 +90,7 @@ timeout 300 python3 -m pytest test/gpu/test_mamba2_full_prefill_graph.py -k \
 timeout 300 python3 -m pytest test/gpu/test_kimi_linear_full_prefill_graph.py -k slot_floor \
   -q -rA -p no:cacheprovider >\"\$OUT/kimi_linear_slot_floor.log\" 2>&1"
     exec bash test/gpu/run_block.sh "" "" \
-      "$probe --model qwen3-next-80b-a3b-fp8 --modes breakable,full,disabled --workloads burst,long --quick --profile long_8k-16k" \
+      "$probe --model qwen3-next-80b-a3b-fp8 --modes breakable,full,disabled --workloads burst,long --quick --profile long_8k-16k,4_x_256_tokens" \
       "--model qwen3-next-80b-a3b-fp8 --modes breakable,full --workloads burst --quick -- --chunked-prefill-size 512"
     ;;
   *)

@@ -256,7 +256,8 @@ def test_next_block_qwen3_next_serves_issue_13s_runs(block):
     serving = [c for c in calls if c.startswith("serving")]
     assert serving == [
         "serving [--model qwen3-next-80b-a3b-fp8 --modes breakable,full,disabled "
-        "--workloads burst,long --quick --profile long_8k-16k] FOO=unset",
+        "--workloads burst,long --quick --profile long_8k-16k,4_x_256_tokens] "
+        "FOO=unset",
         "serving [--model qwen3-next-80b-a3b-fp8 --modes breakable,full --workloads "
         "burst --quick -- --chunked-prefill-size 512] FOO=unset",
     ]
