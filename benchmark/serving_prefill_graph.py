@@ -405,6 +405,23 @@ def prefill_batches_since(log_path: Path, offset: int) -> dict:
         return prefill_batches(log.read())
 
 
+def traceback_exceptions(log: str, keep: int = 3) -> list:
+    """The exception lines that end the log's Python tracebacks (the first
+    unindented line after each "Traceback (most recent call last):", which a
+    logger's timestamped prefix may precede), the last ``keep`` distinct ones in
+    order: a chained failure keeps its cause beside sglang's wrapper errors."""
+    lines, found = log.splitlines(), []
+    for i, line in enumerate(lines):
+        if not line.rstrip().endswith("Traceback (most recent call last):"):
+            continue
+        for later in lines[i + 1 :]:
+            if later.strip() and not later[0].isspace():
+                if "Traceback (most recent call last):" not in later:
+                    found = [f for f in found if f != later.strip()] + [later.strip()]
+                break
+    return found[-keep:]
+
+
 def log_facts(log: str) -> dict:
     facts = {}
     for key, pattern in LOG_FACTS.items():
@@ -427,11 +444,10 @@ def log_facts(log: str) -> dict:
         for line in log.splitlines()
         if "Full prefill CUDA graph" in line or "Prefill paths:" in line
     ]
-    # Why a server that died said it did: its last Python exception line (a
-    # block's servers all died of `ImportError: Can not import FA3 in sgl_kernel`
-    # on 2026-12-05 and the report said only "exited with -9 before ready").
-    raised = re.findall(r"^(?:\w+\.)*\w*(?:Error|Exception): .*$", log, re.M)
-    facts["last_exception"] = raised[-1].strip() if raised else None
+    # Why a server that died said it did (a block's servers all died of
+    # `ImportError: Can not import FA3 in sgl_kernel` on 2026-12-05 and the
+    # report said only "exited with -9 before ready").
+    facts["exceptions"] = traceback_exceptions(log)
     # The test probe's split of that memory (GRAPHFIX_PROBE_GRAPH_MEMORY=1).
     split = re.findall(r"graphfix probe: prefill graph memory (\{.*\})", log)
     if split:
@@ -730,9 +746,7 @@ def run_mode(model_dir: Path, mode: str, args, log_dir: Path, entry, save) -> No
     entry["server_log"] = {**log_facts(text), "ready_s": _ready_seconds(text)}
     save()
     if "error" in entry:
-        print(
-            mode, "failed:", entry["error"], "|", entry["server_log"]["last_exception"]
-        )
+        print(mode, "failed:", entry["error"], "|", *entry["server_log"]["exceptions"])
     if stopped is not None:
         raise stopped
     time.sleep(5)  # the GPU is free before the next server starts

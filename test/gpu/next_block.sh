@@ -55,9 +55,11 @@ res=${RES:-/tmp/res}
 for run in serving serving_2; do
   report=$res/$run/serving_prefill_graph.json
   [ -e "$report" ] || continue
-  # run_block.sh summarised it after the run; again only where that failed.
-  [ -s "$OUT/${run}_profile.json" ] \
+  # run_block.sh summarised it after the run (its .err says when it could not:
+  # not tried again); here only for a report it did not summarise.
+  [ -s "$OUT/${run}_profile.json" ] || [ -e "$OUT/${run}_profile.err" ] \
     || python3 benchmark/trace_summary.py "$report" >"$OUT/${run}_profile.json" || continue
+  [ -s "$OUT/${run}_profile.json" ] || continue
   for pair in "full breakable" "full disabled" "breakable disabled"; do
     set -- $pair
     for ops in kernels host_runtime; do
@@ -79,11 +81,16 @@ timeout 300 python3 -m pytest test/gpu/test_mamba2_full_prefill_graph.py -k \
   qwen3-next)
     # sglang's Hopper default attention backend, which these servers keep, is
     # FlashAttention-3: a bundle re-split with NOFA3=1 has none, and every server
-    # would die at start-up (2026-12-05, after 10 min of device time).
-    if ! python3 -c "from sgl_kernel import flash_ops" 2>/dev/null; then
-      echo "next_block.sh: qwen3-next serves on fa3 (sglang's default on Hopper), and this" \
-        "site's sgl_kernel has no FlashAttention-3 library: carry a bundle re-split" \
-        "without NOFA3=1 (test/gpu/resplit_bundle.sh)" >&2
+    # would die at start-up (2026-12-05). The block runs in the background: the
+    # reason goes where poll_block.sh reads (RES/progress.log), and RES/DONE ends it.
+    if ! fa3=$(python3 -c "from sgl_kernel import flash_ops" 2>&1); then
+      res=${RES:-/tmp/res}
+      mkdir -p "$res"
+      echo "$(date -u +%H:%M:%S) next_block.sh: qwen3-next serves on fa3 (sglang's" \
+        "default on Hopper), and this site's sgl_kernel does not import FlashAttention-3" \
+        "(${fa3##*$'\n'}): carry a bundle re-split without NOFA3=1" \
+        "(test/gpu/resplit_bundle.sh)" | tee -a "$res/progress.log" >&2
+      touch "$res/DONE"
       exit 3
     fi
     export POST="$POST

@@ -10,7 +10,7 @@
 #   bash test/gpu/resplit_bundle.sh .gpu-bundle .gpu-bundle2 [PART_BYTES]
 # NOFA3=1 also drops sglang-kernel's FlashAttention-3 library (1.1 GB unpacked,
 # most of the bundle's sglang_kernel_hopper.zip) from a KEEP_FA3=1 bundle: 25
-# parts of 45 MB instead of 34, for blocks whose engines run
+# parts of 45 MB instead of 33, for blocks whose engines run
 # --attention-backend flashinfer (every Mamba2 case; GDN cases that leave sglang's
 # Hopper default, fa3, need it). The archive and its checksum then change.
 # DEST must be git-ignored (.gitignore has .gpu-bundle*/). Then one run per

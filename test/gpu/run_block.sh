@@ -97,6 +97,8 @@ for serving_args in "$@"; do
       flags+=("$word")
     fi
   done
+  report=$res/$name/serving_prefill_graph.json
+  rm -f "$report"  # a RES used before: its report is not this run's
   env SGLANG_ENABLE_JIT_DEEPGEMM=0 OUT="$res/$name" "${run_env[@]}" \
     python3 benchmark/serving_prefill_graph.py "${flags[@]}" >"$res/$name.out" 2>&1
   stamp "$name ($serving_args) rc=$?"
@@ -104,12 +106,19 @@ for serving_args in "$@"; do
   # Its profiled runs summarised now, before the next step (nothing is timed
   # meanwhile): the traces stay on the machine, and a block cut short later
   # still hands this back (2026-12-05: two servers' traces were lost so).
-  report=$res/$name/serving_prefill_graph.json
+  # Kept only when whole; else its .err stays, and POST does not try again.
   if grep -q '"profiled"' "$report" 2>/dev/null; then
     mkdir -p "$res/post"
+    summary=$res/post/${name}_profile
     timeout "${SUMMARY_TIMEOUT:-300}" python3 benchmark/trace_summary.py "$report" \
-      >"$res/post/${name}_profile.json" 2>"$res/post/${name}_profile.err"
-    stamp "$name profile summary rc=$?"
+      >"$summary.partial" 2>"$summary.err"
+    rc=$?
+    if [ $rc -eq 0 ]; then
+      mv "$summary.partial" "$summary.json" && rm -f "$summary.err"
+    else
+      rm -f "$summary.partial"
+    fi
+    stamp "$name profile summary rc=$rc"
   fi
 done
 if [ -n "${POST:-}" ]; then

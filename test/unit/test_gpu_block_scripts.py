@@ -42,11 +42,19 @@ if [ "$1" = benchmark/serving_prefill_graph.py ]; then
 fi
 if [ "$1" = -c ] && [ "$2" = "from sgl_kernel import flash_ops" ]; then
   echo "fa3 check" >>"$BLOCK_CALLS"
+  if [ "${FAKE_FA3_RC:-0}" != 0 ]; then
+    echo "Traceback (most recent call last):"
+    echo "ImportError: Can not import FA3 in sgl_kernel."
+  fi
   exit "${FAKE_FA3_RC:-0}"
 fi
 case "$1" in benchmark/trace_summary.py | benchmark/profile_diff.py)
   echo "post $*" >>"$BLOCK_CALLS"
   echo '{}'
+  if [ "$1" = benchmark/trace_summary.py ] && [ -n "${FAKE_SUMMARY_FAILS:-}" ]; then
+    echo "ValueError: a profiled run has no trace" >&2
+    exit 1
+  fi
   exit 0
 esac
 echo "unexpected python3 $*" >>"$BLOCK_CALLS"
@@ -285,13 +293,42 @@ def test_next_block_qwen3_next_stops_on_a_site_without_fa3(block):
     env["FAKE_FA3_RC"] = "1"
     done = _run("next_block.sh", ["qwen3-next"], env)
     assert done.returncode == 3
-    assert "no FlashAttention-3 library" in done.stderr
+    assert "does not import FlashAttention-3" in done.stderr
+    assert "(ImportError: Can not import FA3 in sgl_kernel.)" in done.stderr
     assert "without NOFA3=1" in done.stderr
     assert (tmp / "calls.log").read_text().splitlines() == ["fa3 check"]
+    # In the background the block's stderr goes to a log nobody polls: the
+    # reason is where poll_block.sh reads, and DONE ends the polling.
+    res = tmp / "res"
+    assert "without NOFA3=1" in (res / "progress.log").read_text()
+    assert (res / "DONE").exists()
+    done = _run("poll_block.sh", ["1"], {**env, "OUT": str(tmp / "out")})
+    assert done.returncode == 0, done.stderr
+    assert "does not import FlashAttention-3" in done.stdout
     # The mamba2 block serves on FlashInfer and does not ask.
     done = _run("next_block.sh", ["mamba2"], env)
     assert done.returncode == 0, done.stderr
     assert "fa3 check" not in (tmp / "calls.log").read_text().splitlines()[1:]
+
+
+def test_a_summary_that_fails_is_not_kept_nor_tried_again(block):
+    """A profiled run's summary that fails (or times out) right after its
+    serving run leaves its error, no partial summary for POST's diffs to read,
+    and POST does not spend the block's time on it again."""
+    tmp, env = block
+    env["FAKE_SUMMARY_FAILS"] = "1"
+    done = _run("next_block.sh", ["mamba2"], env)
+    assert done.returncode == 0, done.stderr
+    post = tmp / "res" / "post"
+    for run in ("serving", "serving_2"):
+        assert not (post / f"{run}_profile.json").exists()
+        assert not (post / f"{run}_profile.partial").exists()
+        assert "no trace" in (post / f"{run}_profile.err").read_text()
+    calls = (tmp / "calls.log").read_text().splitlines()
+    assert len([c for c in calls if "trace_summary.py" in c]) == 2
+    assert not [c for c in calls if "profile_diff.py" in c]
+    progress = (tmp / "res" / "progress.log").read_text()
+    assert "serving profile summary rc=1" in progress
 
 
 def test_next_block_refuses_a_block_it_does_not_plan(block):

@@ -180,6 +180,7 @@ def register():
 
 
 def _measure_prefill_graph_memory():
+    import gc
     import json
     import logging
 
@@ -198,13 +199,12 @@ def _measure_prefill_graph_memory():
         )
 
     def measured_capture(*args, **kwargs):
+        gc.collect()  # what is already garbage is not "held before"
         held = _held_device_storages()
         free, reserved, allocated = memory()
         result = capture(*args, **kwargs)
         free_after, reserved_after, allocated_after = memory()
-        new = _held_device_storages()
-        for ptr in held:
-            new.pop(ptr, None)
+        new = _new_storages(held, _held_device_storages())
         backend = getattr(getattr(result, "runner", result), "backend", None)
         gib = 1 << 30
         taken, pool = (free - free_after) / gib, (reserved_after - reserved) / gib
@@ -215,7 +215,7 @@ def _measure_prefill_graph_memory():
             "outside_allocator_gib": round(taken - pool, 3),
             "graphs": len(getattr(backend, "_graphs", None) or ()),
             "backend": type(backend).__name__ if backend is not None else None,
-            "held_after_capture": _largest_groups(new.values()),
+            "held_after_capture": _largest_groups(new),
         }
         logging.getLogger("graphfix_test_probe").warning(
             "graphfix probe: prefill graph memory %s", json.dumps(split)
@@ -228,29 +228,49 @@ def _measure_prefill_graph_memory():
 HELD_DEVICE = "cuda"  # the device whose tensors _held_device_storages lists
 
 
-def _held_device_storages() -> dict:
-    """{storage pointer: (bytes, shape, dtype)} of the HELD_DEVICE tensors the
-    garbage collector can reach (the first tensor met stands for its storage)."""
+def _held_device_storages():
+    """{(storage pointer, bytes): (shape, dtype)} of the HELD_DEVICE tensors the
+    garbage collector can reach, a base tensor standing for its storage where
+    one is met (else the first view); None where the walk itself fails (the
+    probe never stops the server it measures)."""
     import gc
 
     import torch
 
-    held = {}
-    for obj in gc.get_objects():
-        if isinstance(obj, torch.Tensor) and obj.device.type == HELD_DEVICE:
-            try:
-                storage = obj.untyped_storage()
-            except (RuntimeError, NotImplementedError):  # no plain storage
+    try:
+        held = {}
+        for obj in gc.get_objects():
+            # type(), not isinstance: a dead weakref proxy raises on __class__.
+            if not issubclass(type(obj), torch.Tensor):
                 continue
-            held.setdefault(
-                storage.data_ptr(),
-                (storage.nbytes(), tuple(obj.shape), str(obj.dtype)),
-            )
-    return held
+            try:
+                if obj.device.type != HELD_DEVICE:
+                    continue
+                storage = obj.untyped_storage()
+                key = (storage.data_ptr(), storage.nbytes())
+                entry = (tuple(obj.shape), str(obj.dtype))
+                base = obj._base is None
+            except Exception:  # no plain storage (sparse, fake, meta tensors)
+                continue
+            if base or key not in held:
+                held[key] = entry
+        return held
+    except Exception:
+        return None
 
 
-def _largest_groups(storages, top=8) -> list:
+def _new_storages(before, after) -> list | None:
+    """[(bytes, shape, dtype)] of the storages held after and not before (keyed
+    by pointer and size: an address freed and reused for another size is new)."""
+    if before is None or after is None:
+        return None
+    return [(key[1], *entry) for key, entry in after.items() if key not in before]
+
+
+def _largest_groups(storages, top=8) -> list | None:
     """Storages grouped by (shape, dtype): count and MiB, the largest first."""
+    if storages is None:
+        return None
     groups = {}
     for nbytes, shape, dtype in storages:
         count, total = groups.get((shape, dtype), (0, 0))

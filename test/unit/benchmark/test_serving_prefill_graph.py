@@ -790,14 +790,28 @@ def test_the_probes_graph_memory_split_reaches_the_servers_facts(monkeypatch, ca
     # What the capture leaves held (the probe lists tensors of HELD_DEVICE; CPU
     # here): three graphs' outputs, a view of one of them (one storage), and a
     # tensor held from before the capture, which is not the capture's.
+    # The walk meets objects that raise on a look: a dead weakref proxy (on
+    # __class__) and a tensor whose storage cannot be read; neither stops it.
+    import weakref
+
     monkeypatch.setattr(probe, "HELD_DEVICE", "cpu")
     before = torch.zeros(4096, 1024)
+
+    class Gone:
+        pass
+
+    gone = Gone()
+    dead = weakref.proxy(gone)
+    del gone
+    unreadable = torch.zeros(2).to_sparse()
 
     def capture(**kwargs):
         result = next(results)
         if result is captured:
             outputs = [torch.zeros(16, 1024) for _ in range(3)]
-            captured.runner.held = [*outputs, outputs[0][:8], before, torch.zeros(3, 1)]
+            view = outputs[0][:8]
+            captured.runner.held = [view, *outputs, before, torch.zeros(3, 1)]
+            captured.runner.odd = [dead, unreadable]
         return result
 
     monkeypatch.setattr(cuda_graph_setup, "capture_prefill_graph", capture)
@@ -827,40 +841,83 @@ def test_the_probes_graph_memory_split_reaches_the_servers_facts(monkeypatch, ca
 
 
 def test_a_server_that_died_says_why_in_its_facts():
-    """A server that dies before it is ready leaves a traceback in its log; its
-    last exception line is what the report keeps (2026-12-05: all three servers of
-    a block died of a missing FA3 library, and the report said only "exited with
-    -9"). Lines that only mention an error are not taken for one."""
+    """A server that dies leaves Python tracebacks in its log; the report keeps
+    the exception lines that end them, the last three distinct ones (the cause
+    beside sglang's wrapper errors). On 2026-12-05 all three servers of a block
+    died of a missing FA3 library and the report said only "exited with -9";
+    that server's log is committed. Lines that only mention an error are not
+    taken for one."""
     bench = load_benchmark("serving_prefill_graph")
+    root = Path(__file__).resolve().parents[3]
     died = (
-        "[2026-12-05 03:21:51] Ignore import error when loading "
-        "sglang.srt.models.inkling: No module named 'quack'\n"
+        root / "benchmark/results/gpu/serving_2026-12-05b/qwen3_next_fa3_start_failure"
+        "/logs/server_full.log"
+    ).read_text()
+    assert bench.log_facts(died)["exceptions"] == [
+        "ImportError: cannot import name 'flash_ops' from 'sgl_kernel' "
+        "(/tmp/sglang-site/sgl_kernel/__init__.py)",
+        "ImportError: Can not import FA3 in sgl_kernel. Please check your installation.",
+    ]
+    # A logger's traceback (timestamped first line), a bare assertion, a Triton
+    # error whose class has no "Error" in its name, then sglang's own wrapper.
+    wrapped = (
+        "[2026-12-05 03:23:17] Scheduler hit an exception: Traceback (most recent "
+        "call last):\n"
+        '  File "/site/sglang/srt/managers/scheduler.py", line 9, in run\n'
+        "    assert ok\n"
+        "AssertionError\n"
         "Traceback (most recent call last):\n"
-        '  File "/site/sgl_kernel/flash_attn.py", line 8, in <module>\n'
-        "    from sgl_kernel import flash_ops\n"
-        "ImportError: cannot import name 'flash_ops' from 'sgl_kernel'\n"
-        "\nDuring handling of the above exception, another exception occurred:\n\n"
-        '  File "/site/sgl_kernel/flash_attn.py", line 10, in <module>\n'
-        "    raise ImportError(\n"
-        "ImportError: Can not import FA3 in sgl_kernel. Please check your installation.\n"
-        "\n[2026-12-05 03:23:17] Received sigquit from a child process. It usually "
-        "means the child failed.\n"
+        '  File "/site/triton/compiler.py", line 1, in f\n'
+        "triton.runtime.errors.OutOfResources: out of resource: shared memory\n"
+        "[2026-12-05 03:23:18] Rank 0 scheduler died during initialization\n"
+        "Traceback (most recent call last):\n"
+        '  File "/site/sglang/srt/entrypoints/engine.py", line 2, in g\n'
+        "RuntimeError: Initialization failed. Please see the error messages above.\n"
+        "Traceback (most recent call last):\n"
+        '  File "/site/sglang/srt/entrypoints/engine.py", line 2, in g\n'
+        "RuntimeError: Initialization failed. Please see the error messages above.\n"
     )
-    assert bench.log_facts(died)["last_exception"] == (
-        "ImportError: Can not import FA3 in sgl_kernel. Please check your installation."
-    )
+    assert bench.log_facts(wrapped)["exceptions"] == [
+        "AssertionError",
+        "triton.runtime.errors.OutOfResources: out of resource: shared memory",
+        "RuntimeError: Initialization failed. Please see the error messages above.",
+    ]
     healthy = (
         "[2026-12-05 03:40:37] Ignore import error when loading sglang.srt.models."
         "inkling: No module named 'quack'\n"
-        "  warnings.warn(  # UserWarning: 'python -m sglang.launch_server' is still "
-        "supported\n"
+        "ValueError: a line that mentions an error outside any traceback\n"
         "[2026-12-05 03:41:49] Capture target prefill CUDA graph end. elapsed=67.97 s\n"
     )
-    assert bench.log_facts(healthy)["last_exception"] is None
-    # torch's own exception classes carry their module.
+    assert bench.log_facts(healthy)["exceptions"] == []
+
+
+def test_a_mode_whose_server_dies_prints_why(tmp_path, monkeypatch, capsys):
+    """run_mode with a server that dies before it is ready (a stand-in raising
+    at start-up): the mode's entry records the error and the exception lines,
+    and the run's output (a block's SERVING.out, which poll_block.sh shows)
+    names the cause."""
+    import sys
+    from types import SimpleNamespace
+
+    bench = load_benchmark("serving_prefill_graph")
+    server = "raise ImportError('Can not import FA3 in sgl_kernel.')"
+    monkeypatch.setattr(
+        bench, "server_command", lambda *a: [sys.executable, "-c", server]
+    )
+    monkeypatch.setattr(
+        bench, "BenchClient", lambda: SimpleNamespace(close=lambda: None)
+    )
+    monkeypatch.setattr(bench.time, "sleep", lambda s: None)
+    entry, saved = {}, []
+    args = SimpleNamespace(
+        workloads=["burst"], ready_timeout=60, scale=1.0, context_length=20480
+    )
+    bench.run_mode(tmp_path, "full", args, tmp_path, entry, lambda: saved.append(1))
+    assert entry["error"].startswith("RuntimeError: server exited with 1 before ready")
+    cause = "ImportError: Can not import FA3 in sgl_kernel."
+    assert entry["server_log"]["exceptions"] == [cause]
+    out = capsys.readouterr().out
     assert (
-        bench.log_facts("torch.OutOfMemoryError: CUDA out of memory.\n")[
-            "last_exception"
-        ]
-        == "torch.OutOfMemoryError: CUDA out of memory."
+        out.startswith("full failed: RuntimeError: server exited with 1")
+        and cause in out
     )
