@@ -27,9 +27,9 @@
 #     at sglang's default chunking, bursts and long prompts (--quick), each server's
 #     8k-16k and 4 x 256 runs profiled: disabled measured beside the other two, and
 #     what the full server spends where breakable's come sooner (with FlashInfer
-#     attention full lost both, 2026-12-05); with the test
-#     probe, for its split of each prefill graph's memory (issue 13's memory goal;
-#     it also counts the full graph's replays, a file append each).
+#     attention full lost both, 2026-12-05); with the test probe, for its split of
+#     each prefill graph's memory and the tensors they keep (issue 13's memory
+#     goal; it also counts the full graph's replays, a file append each).
 #  2. The same model at --chunked-prefill-size 512, breakable and full, bursts:
 #     issue 13's "8 x 64 tokens at least as fast as breakable" at its settings.
 #  POST: then, if the block's time allows, a tiny Kimi-Linear engine at chunked
@@ -37,8 +37,9 @@
 #     prompt's every chunk on the graph, its outputs equal to eager.
 #
 # POST, both blocks: each served report's traces summarised (trace_summary.py;
-# run_block.sh already did, right after each serving run) and the servers diffed (profile_diff.py: device ops, and the CUDA runtime's
-# calls) into RES/post, on the device (the traces may be too large to come back).
+# run_block.sh already did, right after each serving run) and the servers diffed
+# (profile_diff.py: device ops, and the CUDA runtime's calls) into RES/post, on
+# the device (the traces may be too large to come back).
 set -u
 cd "$(dirname "$0")/../.."
 if [ $# -gt 1 ]; then

@@ -13,8 +13,9 @@
 # likewise last (OUT=RES/post, RES/post.log), e.g. a profile. PRE_TIMEOUT and
 # POST_TIMEOUT bound them (seconds, default 900). A serving run with profiled runs
 # is summarised right after it (benchmark/trace_summary.py into
-# RES/post/NAME_profile.json, SUMMARY_TIMEOUT seconds at most, default 300). RES/gpu_clocks.csv: nvidia-smi's
-# clocks, power, utilisation and clock event reasons, every 100 ms;
+# RES/post/NAME_profile.json, SUMMARY_TIMEOUT seconds at most, default 300).
+# RES/gpu_clocks.csv: nvidia-smi's clocks, power, utilisation and clock event
+# reasons, every 100 ms;
 # RES/triton_autotune: Triton's cached autotuning choices.
 #   GRAPHFIX_COMMIT=<sha> RES=/tmp/res bash test/gpu/run_block.sh \
 #       "first_module.py" "module_a.py module_b.py" "--quick --modes breakable,full" \
