@@ -679,7 +679,8 @@ def _shown(record: logging.LogRecord) -> bool:
 def _request_buckets_line(args, model_config, slots: int, buckets) -> str:
     """The plan's request buckets of a Mamba2 full prefill graph, as the runner's
     capture_request_bucket_graphs picks them (counts below the slots and a
-    token bucket's tokens, for token buckets up to REQUEST_BUCKET_MAX_TOKENS),
+    token bucket's tokens, for token buckets up to REQUEST_BUCKET_MAX_TOKENS;
+    one slot above, up to MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS),
     or an empty line. ``slots``: the runner's request slots before sglang caps
     them at the request pool (--max-running-requests, where set, is applied)."""
     from sglang.srt.arg_groups.overrides import resolving_view
@@ -691,24 +692,35 @@ def _request_buckets_line(args, model_config, slots: int, buckets) -> str:
     if view.max_running_requests:
         slots = min(slots, view.max_running_requests)
     per_bucket = {b: capability.mamba2_request_buckets(b, slots) for b in buckets}
-    largest = max((b for b, counts in per_bucket.items() if counts), default=None)
-    if largest is None:
+    bound = capability.REQUEST_BUCKET_MAX_TOKENS
+    captured = [b for b, counts in per_bucket.items() if counts]
+    largest = max((b for b in captured if b <= bound), default=None)
+    single = max((b for b in captured if b > bound), default=None)
+    if largest is None and single is None:
         return ""
-    counts = per_bucket[largest]
     if (view.attn_dp_size or 1) > 1:
         return (
             "request buckets     none under DP attention: the runner captures "
             "them only without it"
         )
-    return (
-        f"request buckets     token buckets up to {largest} also have graphs "
-        "over "
-        + "/".join(map(str, counts))
-        + (" request slot" if counts == (1,) else " request slots")
-        + " (those below the "
-        f"bucket's tokens); a batch of fewer requests than the {slots} slots "
-        "replays the smallest that holds it (MAMBA2_REQUEST_BUCKETS_CAPTURED)"
-    )
+    parts = []
+    if largest is not None:
+        counts = per_bucket[largest]
+        parts.append(
+            f"token buckets up to {largest} also have graphs over "
+            + "/".join(map(str, counts))
+            + (" request slot" if counts == (1,) else " request slots")
+            + " (those below the "
+            f"bucket's tokens); a batch of fewer requests than the {slots} slots "
+            "replays the smallest that holds it (MAMBA2_REQUEST_BUCKETS_CAPTURED)"
+        )
+    if single is not None:
+        parts.append(
+            f"token buckets above {bound} up to {single} also have a graph over "
+            "1 request slot, which a batch of one request replays "
+            "(MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS)"
+        )
+    return "request buckets     " + "; ".join(parts)
 
 
 def _long_prefill_line(args, model_config, buckets) -> str:

@@ -13,11 +13,15 @@
 #
 # mamba2 (the default; issue 16, docs/mamba2_full_prefill_graph.md, "Eighth H200 run"):
 #  1. Nemotron-H-8B's dimensions, full with the length bound lifted (the test
-#     probe's switch: every batch replays the graph) and breakable (eager on this
-#     model), one prompt of 512-3072 tokens and four of 512 or 1024, profiled at
-#     1536 and 2048 tokens: the graph's own device time against eager's, side by
-#     side in one session, where the graph loses.
-#  2. Granite-4.0-H-Micro's layout, full and breakable, bursts and long prompts,
+#     probe's switch: every batch replays the graph) and with a graph over one
+#     request slot for token buckets up to 4096 (MAMBA2_SINGLE_REQUEST_GRAPH_
+#     MAX_TOKENS, off as shipped), and breakable (eager on this model), one
+#     prompt of 512-3072 tokens and four of 512 or 1024, profiled at 1536 and
+#     2048 tokens: whether one long prompt on a one-slot graph beats eager.
+#  2. The same full server without the one-slot graphs (the 16-slot graph the
+#     earlier runs served), profiled at 2048 tokens: the control, in the same
+#     session; POST diffs its kernels against step 1's full server.
+#  3. Granite-4.0-H-Micro's layout, full and breakable, bursts and long prompts,
 #     profiled at 1 x 16 and 8 x 64 tokens (the host time before each replay).
 #  POST: then, if the block's time allows, the no-buffer NemotronH engine's graph
 #     vs eager with the table-fill kernel (on as shipped since 2026-12-05).
@@ -53,7 +57,7 @@ mkdir -p /tmp/probe
 probe="PYTHONPATH=$PWD/test/gpu/probe:${PYTHONPATH:-} GRAPHFIX_PROBE_DIR=/tmp/probe GRAPHFIX_PROBE_GRAPH_MEMORY=1"
 POST='
 res=${RES:-/tmp/res}
-for run in serving serving_2; do
+for run in serving serving_2 serving_3; do
   report=$res/$run/serving_prefill_graph.json
   [ -e "$report" ] || continue
   # run_block.sh summarised it after the run (its .err says when it could not:
@@ -72,11 +76,16 @@ done'
 case $block in
   mamba2)
     export POST="$POST
+python3 benchmark/trace_summary.py \$res/serving/serving_prefill_graph.json \
+  \$res/serving_2/serving_prefill_graph.json >\"\$OUT/one_slot_vs_16_profile.json\" \
+  && python3 benchmark/profile_diff.py \"\$OUT/one_slot_vs_16_profile.json\" --a full \
+  --b 'full (serving_2)' --ops kernels >\"\$OUT/one_slot_vs_16_kernels.txt\" 2>&1
 timeout 300 python3 -m pytest test/gpu/test_mamba2_full_prefill_graph.py -k \
   \"nemotron_h-no_buffer and (matches_eager or replays)\" -q -rA -p no:cacheprovider \
   >\"\$OUT/mamba2_no_buffer_engine.log\" 2>&1"
     exec bash test/gpu/run_block.sh "" "" \
-      "$probe GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST=100000 --model nemotron-h-8b --context-length 8192 --modes full,breakable --workloads sizes --profile 1_x_1536_tokens,1_x_2048_tokens" \
+      "$probe GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST=100000 GRAPHFIX_PROBE_MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS=4096 --model nemotron-h-8b --context-length 8192 --modes full,breakable --workloads sizes --profile 1_x_1536_tokens,1_x_2048_tokens" \
+      "$probe GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST=100000 --model nemotron-h-8b --context-length 8192 --modes full --workloads sizes --profile 1_x_2048_tokens" \
       "--model granite-4.0-h-micro --modes full,breakable --workloads burst,long --profile 1_x_16_tokens,8_x_64_tokens"
     ;;
   qwen3-next)

@@ -578,6 +578,22 @@ def test_the_plan_names_the_request_buckets_of_a_mamba2_full_graph(
     # requests: the runner's slots are two, so one request bucket.
     large = {"prefill": {"backend": "full", "bs": [1024, 2048]}}
     assert "request buckets" not in plan("--cuda-graph-config", json.dumps(large))
+    # With single-request graphs above the bound (MAMBA2_SINGLE_REQUEST_GRAPH_
+    # MAX_TOKENS, off as shipped), those buckets have one over one slot.
+    monkeypatch.setattr(capability, "MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS", 1024)
+    single = (
+        "request buckets token buckets above 512 up to 1024 also have a graph over "
+        "1 request slot, which a batch of one request replays"
+    )
+    assert (single in plan("--cuda-graph-config", json.dumps(large))) == (
+        buckets_captured
+    )
+    both = plan("--cuda-graph-config", json.dumps({"prefill": {
+        "backend": "full", "bs": [256, 512, 1024, 2048]}}))  # fmt: skip
+    if buckets_captured:
+        assert listed("1/2/4/8", 16) in both
+        assert "; token buckets above 512 up to 1024 also have a graph over 1" in both
+    monkeypatch.setattr(capability, "MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS", 0)
     text = plan("--cuda-graph-backend-prefill", "full", "--max-running-requests", "2")
     if buckets_captured:
         assert listed("1", 2).replace("1 request slots", "1 request slot") in text

@@ -29,7 +29,8 @@ if [ "$1" = benchmark/serving_prefill_graph.py ]; then
   shift
   echo "serving [$*] FOO=${FOO:-unset}" >>"$BLOCK_CALLS"
   echo "env ${GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST:-unset}" \
-    "${GRAPHFIX_PROBE_GRAPH_MEMORY:-unset} $PYTHONPATH" \
+    "${GRAPHFIX_PROBE_GRAPH_MEMORY:-unset}" \
+    "${GRAPHFIX_PROBE_MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS:-unset} $PYTHONPATH" \
     >>"$BLOCK_CALLS.env"
   mkdir -p "$OUT/logs"
   case " $* " in
@@ -220,20 +221,24 @@ def test_next_block_runs_the_planned_steps_and_summarises_them(block):
         "serving [--model nemotron-h-8b --context-length 8192 --modes "
         "full,breakable --workloads sizes --profile "
         "1_x_1536_tokens,1_x_2048_tokens] FOO=unset",
+        "serving [--model nemotron-h-8b --context-length 8192 --modes full "
+        "--workloads sizes --profile 1_x_2048_tokens] FOO=unset",
         "serving [--model granite-4.0-h-micro --modes full,breakable --workloads "
         "burst,long --profile 1_x_16_tokens,8_x_64_tokens] FOO=unset",
     ]
-    first, second = (tmp / "calls.log.env").read_text().splitlines()
-    assert first == f"env 100000 1 {ROOT}/test/gpu/probe:/site"
-    assert second == "env unset unset /site"
-    for run in ("serving", "serving_2"):
+    first, second, third = (tmp / "calls.log.env").read_text().splitlines()
+    # The one-slot graphs in the first step's servers only.
+    assert first == f"env 100000 1 4096 {ROOT}/test/gpu/probe:/site"
+    assert second == f"env 100000 1 unset {ROOT}/test/gpu/probe:/site"
+    assert third == "env unset unset unset /site"
+    for run in ("serving", "serving_2", "serving_3"):
         report = res / run / "serving_prefill_graph.json"
         # Summarised once, right after its serving run (before the next one):
         # POST finds the summary and diffs it.
         summary = calls.index(f"post benchmark/trace_summary.py {report}")
         assert calls.count(calls[summary]) == 1
         assert calls[summary - 1].startswith("serving [") and (
-            run == "serving_2" or calls[summary + 1].startswith("serving [")
+            run == "serving_3" or calls[summary + 1].startswith("serving [")
         )
         profile = res / "post" / f"{run}_profile.json"
         assert profile.read_text() == "{}\n"
@@ -241,6 +246,15 @@ def test_next_block_runs_the_planned_steps_and_summarises_them(block):
         diff = f"post benchmark/profile_diff.py {profile} --a full --b breakable"
         assert f"{diff} --ops host_runtime" in calls
         assert (res / "post" / f"{run}_full_vs_breakable_kernels.txt").exists()
+    # The one-slot graphs' full server against the 16-slot one, across reports.
+    reports = [res / r / "serving_prefill_graph.json" for r in ("serving", "serving_2")]
+    assert f"post benchmark/trace_summary.py {reports[0]} {reports[1]}" in calls
+    both = res / "post" / "one_slot_vs_16_profile.json"
+    assert (
+        f"post benchmark/profile_diff.py {both} --a full --b full (serving_2) "
+        "--ops kernels" in calls
+    )
+    assert (res / "post" / "one_slot_vs_16_kernels.txt").exists()
     # Then the no-buffer NemotronH engine with the table-fill kernel.
     assert calls[-1] == (
         "pytest -m pytest test/gpu/test_mamba2_full_prefill_graph.py -k "
@@ -270,8 +284,8 @@ def test_next_block_qwen3_next_serves_issue_13s_runs(block):
         "burst --quick -- --chunked-prefill-size 512] FOO=unset",
     ]
     assert (tmp / "calls.log.env").read_text().splitlines() == [
-        f"env unset 1 {ROOT}/test/gpu/probe:/site",
-        "env unset unset /site",
+        f"env unset 1 unset {ROOT}/test/gpu/probe:/site",
+        "env unset unset unset /site",
     ]
     for run in ("serving", "serving_2"):
         profile = res / "post" / f"{run}_profile.json"
@@ -320,12 +334,16 @@ def test_a_summary_that_fails_is_not_kept_nor_tried_again(block):
     done = _run("next_block.sh", ["mamba2"], env)
     assert done.returncode == 0, done.stderr
     post = tmp / "res" / "post"
-    for run in ("serving", "serving_2"):
+    for run in ("serving", "serving_2", "serving_3"):
         assert not (post / f"{run}_profile.json").exists()
         assert not (post / f"{run}_profile.partial").exists()
         assert "no trace" in (post / f"{run}_profile.err").read_text()
     calls = (tmp / "calls.log").read_text().splitlines()
-    assert len([c for c in calls if "trace_summary.py" in c]) == 2
+    summaries = [c for c in calls if "trace_summary.py" in c]
+    # Once per run, and the mamba2 block's one summary across two reports
+    # (which fails too: no diff read from it).
+    assert len([c for c in summaries if c.count(".json") == 1]) == 3
+    assert len(summaries) == 4
     assert not [c for c in calls if "profile_diff.py" in c]
     progress = (tmp / "res" / "progress.log").read_text()
     assert "serving profile summary rc=1" in progress

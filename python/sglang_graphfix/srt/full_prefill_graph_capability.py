@@ -161,6 +161,17 @@ MAMBA2_FULL_BEATS_BREAKABLE = False
 MAMBA2_REQUEST_BUCKETS_CAPTURED = True
 MAMBA2_REQUEST_BUCKETS = (1, 2, 4, 8)
 REQUEST_BUCKET_MAX_TOKENS = 512
+# Token buckets above REQUEST_BUCKET_MAX_TOKENS and up to this many tokens also
+# capture a graph over one request slot, for a batch of one long prompt (0:
+# none). Read in sglang's MambaMixer2 extend and this package's tables, not yet
+# measured (docs/next_gpu_blocks.md): one request on a 16-slot graph moves fp32
+# SSM states for every slot and every track row (K = min(slots, tokens // cache
+# chunk), 16 from 2048 tokens; 4 MiB a state at Nemotron-H-8B's dimensions) and
+# runs _chunk_state_varlen over all of them, where eager moves the one request's;
+# estimated at 12-17 ms of the 15-18 ms by which the graph lost to eager at
+# 2048-3072 tokens (benchmark/results/gpu/serving_2026-12-04/). Off until an H200
+# serves it (test probe GRAPHFIX_PROBE_MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS).
+MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS = 0
 
 
 # The captured Mamba2 conv launched over a block table of the batch's (sequence,
@@ -205,10 +216,14 @@ def mamba2_request_buckets(num_tokens: int, slots: int) -> tuple[int, ...]:
     """The request counts for which a Mamba2 full graph's ``num_tokens`` bucket
     also has a graph, with ``slots`` request slots: MAMBA2_REQUEST_BUCKETS below
     both (while MAMBA2_REQUEST_BUCKETS_CAPTURED), for buckets up to
-    REQUEST_BUCKET_MAX_TOKENS."""
-    if not MAMBA2_REQUEST_BUCKETS_CAPTURED or num_tokens > REQUEST_BUCKET_MAX_TOKENS:
-        return ()
+    REQUEST_BUCKET_MAX_TOKENS; one request slot for the larger buckets up to
+    MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS."""
     most = min(slots, num_tokens)
+    if not MAMBA2_REQUEST_BUCKETS_CAPTURED:
+        return ()
+    if num_tokens > REQUEST_BUCKET_MAX_TOKENS:
+        single = num_tokens <= MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS and most > 1
+        return (1,) if single else ()
     return tuple(r for r in sorted(MAMBA2_REQUEST_BUCKETS) if r < most)
 
 

@@ -49,6 +49,8 @@ GRAPHFIX_PROBE_MAMBA2_TABLE_FILL_KERNEL=1 set those switches, and
 GRAPHFIX_PROBE_MAMBA2_GROUPS=1,8 the group counts of MAMBA2_CHECKED, and
 GRAPHFIX_PROBE_REQUEST_BUCKET_MAX_TOKENS=<n> the largest token bucket with request
 buckets (a measurement: request buckets for long prompts too), and
+GRAPHFIX_PROBE_MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS=<n> the largest token bucket
+with a graph over one request slot, and
 GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST=<n> the tokens per request above
 which a Mamba2 full graph's batch runs eager, of
 full_prefill_graph_capability in every process that loads the plugins (set them
@@ -113,6 +115,9 @@ def register():
     request_bucket_max = os.environ.get("GRAPHFIX_PROBE_REQUEST_BUCKET_MAX_TOKENS")
     if request_bucket_max:
         capability.REQUEST_BUCKET_MAX_TOKENS = int(request_bucket_max)
+    single = os.environ.get("GRAPHFIX_PROBE_MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS")
+    if single:
+        capability.MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS = int(single)
     per_request = os.environ.get("GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST")
     if per_request:
         capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST = int(per_request)

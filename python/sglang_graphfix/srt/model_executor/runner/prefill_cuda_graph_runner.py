@@ -250,7 +250,8 @@ def request_bucket_label(slots: int) -> str:
 # What:    Wraps PrefillCudaGraphRunner.capture_one_shape: after a token bucket's
 #          full prefill graph over all request slots, capture one graph per
 #          request bucket of the bucket (capture_request_buckets: Mamba2, up to
-#          REQUEST_BUCKET_MAX_TOKENS tokens) and record them on the
+#          REQUEST_BUCKET_MAX_TOKENS tokens; one slot above, up to
+#          MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS) and record them on the
 #          HybridLinearAttnBackend.
 # Why:     Every replay runs the linear extend over the graph's request slots,
 #          and upstream's MambaMixer2 does per-sequence state work for each of
@@ -263,7 +264,8 @@ def request_bucket_label(slots: int) -> str:
 #          full-attention side still plans every slot, the linear side allocates
 #          tables over the first ones (linear_request_rows), and
 #          key_graph_by_request_bucket files the graph under the bucket's
-#          attention variant; logged once, at the first bucket. Only request
+#          attention variant; logged once per tier (up to and above
+#          REQUEST_BUCKET_MAX_TOKENS), at its largest bucket. Only request
 #          buckets that hold the capture batch's requests (one per context
 #          length of tokens); not with chunked-prefix variants, a fixed prefill
 #          context size, DP attention or draft workers.
@@ -275,15 +277,30 @@ def capture_request_bucket_graphs(original, self, size, *args, **kwargs):
     if not buckets:
         return
     hybrid = self.model_runner.attn_backend
-    if not getattr(hybrid, REQUEST_BUCKETS, None):  # the largest bucket first
-        logger.info(
-            "Full prefill CUDA graph request buckets: token buckets up to %d "
-            "tokens also capture graphs over %s request slots; a batch of fewer "
-            "requests than the graph's %d replays the smallest that holds it.",
-            size,
-            "/".join(map(str, buckets)),
-            self._capture_req_slots,
-        )
+    # Logged at the largest bucket of each tier (buckets come largest first).
+    bound = capability.REQUEST_BUCKET_MAX_TOKENS
+    if (size > bound) not in {
+        b > bound for b in getattr(hybrid, REQUEST_BUCKETS, None) or {}
+    }:
+        if size > bound:
+            logger.info(
+                "Full prefill CUDA graph request buckets: token buckets above %d "
+                "up to %d tokens also capture a graph over 1 request slot "
+                "(MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS); a batch of one request "
+                "replays it.",
+                bound,
+                size,
+            )
+        else:
+            logger.info(
+                "Full prefill CUDA graph request buckets: token buckets up to %d "
+                "tokens also capture graphs over %s request slots; a batch of "
+                "fewer requests than the graph's %d replays the smallest that "
+                "holds it.",
+                size,
+                "/".join(map(str, buckets)),
+                self._capture_req_slots,
+            )
     for slots in buckets:
         setattr(hybrid, CAPTURE_REQUEST_SLOTS, slots)
         try:

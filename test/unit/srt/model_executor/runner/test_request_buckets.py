@@ -284,6 +284,56 @@ def test_buckets_above_the_token_bound_capture_one_graph(runner):
     assert runner._shape_key(2 * bound, _one_request()) == ShapeKey(size=2 * bound)
 
 
+def test_single_request_graphs_above_the_bound(runner, caplog):
+    """MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS: a token bucket above
+    REQUEST_BUCKET_MAX_TOKENS, up to it, also captures a graph over one request
+    slot (its linear tables, and so its track rows, over that slot); a batch of
+    one long request replays it, two requests the graph over all slots. Each
+    tier is logged once; a bucket above the setting captures one graph."""
+    caplog.set_level(logging.INFO, logger=runner_hooks.__name__)
+    bound = capability.REQUEST_BUCKET_MAX_TOKENS
+    runner.track = True
+    with mock.patch.object(
+        capability, "MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS", 4 * bound
+    ):
+        PrefillCudaGraphRunner.capture_one_shape(runner, 8 * bound)  # above it
+        PrefillCudaGraphRunner.capture_one_shape(runner, 4 * bound)
+        PrefillCudaGraphRunner.capture_one_shape(runner, 2 * bound)
+        PrefillCudaGraphRunner.capture_one_shape(runner, 64)
+        assert set(runner.backend._graphs) == {
+            ShapeKey(size=8 * bound),
+            *(ShapeKey(size=b, attention_variant=_variant(r))
+              for b in (4 * bound, 2 * bound) for r in (None, 1)),
+            *(ShapeKey(size=64, attention_variant=_variant(r)) for r in (None, 1, 2, 4)),
+        }  # fmt: skip
+        linear = runner.model_runner.attn_backend.linear_attn_backend
+        meta = linear.mamba2_full_prefill_graph_metadata
+        assert meta[2 * bound, 1].track.num_rows == 1
+        assert meta[2 * bound, SLOTS].track.num_rows == SLOTS
+        one = _case(2 * bound, lens=[2 * bound - 24])
+        key, replayed = _replayed(runner, one)
+        assert key == ShapeKey(size=2 * bound, attention_variant=_variant(1))
+        assert replayed is meta[2 * bound, 1]
+        two = _case(2 * bound, lens=[bound, bound - 24])
+        assert _replayed(runner, two)[0] == ShapeKey(size=2 * bound)
+    logged = [
+        r.getMessage() for r in caplog.records if "request buckets" in r.getMessage()
+    ]
+    assert logged == [
+        f"Full prefill CUDA graph request buckets: token buckets above {bound} up "
+        f"to {4 * bound} tokens also capture a graph over 1 request slot "
+        "(MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS); a batch of one request replays it.",
+        "Full prefill CUDA graph request buckets: token buckets up to 64 tokens "
+        "also capture graphs over 1/2/4 request slots; a batch of fewer requests "
+        "than the graph's 8 replays the smallest that holds it.",
+    ]
+
+
+def test_single_request_graphs_ship_off():
+    """Off until an H200 serves them (the setting's comment)."""
+    assert capability.MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS == 0
+
+
 def test_request_buckets_ship_on():
     """On since an H200 served them (MAMBA2_REQUEST_BUCKETS_CAPTURED's comment)."""
     assert capability.MAMBA2_REQUEST_BUCKETS_CAPTURED is True
