@@ -76,10 +76,16 @@ done'
 case $block in
   mamba2)
     export POST="$POST
-python3 benchmark/trace_summary.py \$res/serving/serving_prefill_graph.json \
-  \$res/serving_2/serving_prefill_graph.json >\"\$OUT/one_slot_vs_16_profile.json\" \
-  && python3 benchmark/profile_diff.py \"\$OUT/one_slot_vs_16_profile.json\" --a full \
-  --b 'full (serving_2)' --ops kernels >\"\$OUT/one_slot_vs_16_kernels.txt\" 2>&1
+# Steps 1 and 2's full servers side by side, where both summarised (their traces
+# parse); bounded, and kept only when whole.
+both=\"\$OUT/one_slot_vs_16_profile.json\"
+[ -s \"\$OUT/serving_profile.json\" ] && [ -s \"\$OUT/serving_2_profile.json\" ] \
+  && timeout 300 python3 benchmark/trace_summary.py \$res/serving/serving_prefill_graph.json \
+    \$res/serving_2/serving_prefill_graph.json >\"\$both.partial\" \
+  && mv \"\$both.partial\" \"\$both\" \
+  && python3 benchmark/profile_diff.py \"\$both\" --a full --b 'full (serving_2)' \
+    --ops kernels >\"\$OUT/one_slot_vs_16_kernels.txt\" 2>&1
+rm -f \"\$both.partial\"
 timeout 300 python3 -m pytest test/gpu/test_mamba2_full_prefill_graph.py -k \
   \"nemotron_h-no_buffer and (matches_eager or replays)\" -q -rA -p no:cacheprovider \
   >\"\$OUT/mamba2_no_buffer_engine.log\" 2>&1"

@@ -593,6 +593,25 @@ def test_the_plan_names_the_request_buckets_of_a_mamba2_full_graph(
     if buckets_captured:
         assert listed("1/2/4/8", 16) in both
         assert "; token buckets above 512 up to 1024 also have a graph over 1" in both
+    # The largest such bucket, within the long-prefill bound (1536 as shipped:
+    # 2048 is above it), the context length (sglang's capture batch of 2048
+    # tokens is two requests at 1024) and only with more than one slot.
+    monkeypatch.setattr(capability, "MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS", 2048)
+    three = {"prefill": {"backend": "full", "bs": [1024, 2048, 4096]}}
+    assert "up to 2048 also have a graph" not in plan(
+        "--cuda-graph-config", json.dumps(three)
+    )
+    monkeypatch.setattr(capability, "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST", None)
+    if buckets_captured:
+        assert "above 512 up to 2048 also have a graph" in plan(
+            "--cuda-graph-config", json.dumps(three)
+        )
+        short = plan(
+            "--cuda-graph-config", json.dumps(three), "--context-length", "1024"
+        )
+        assert "above 512 up to 1024 also have a graph" in short
+    one = plan("--cuda-graph-config", json.dumps(three), "--max-running-requests", "1")
+    assert "also have a graph over 1" not in one
     monkeypatch.setattr(capability, "MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS", 0)
     text = plan("--cuda-graph-backend-prefill", "full", "--max-running-requests", "2")
     if buckets_captured:

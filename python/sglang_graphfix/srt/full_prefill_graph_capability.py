@@ -163,13 +163,16 @@ MAMBA2_REQUEST_BUCKETS = (1, 2, 4, 8)
 REQUEST_BUCKET_MAX_TOKENS = 512
 # Token buckets above REQUEST_BUCKET_MAX_TOKENS and up to this many tokens also
 # capture a graph over one request slot, for a batch of one long prompt (0:
-# none). Read in sglang's MambaMixer2 extend and this package's tables, not yet
+# none); as the other request buckets, only while MAMBA2_REQUEST_BUCKETS_CAPTURED,
+# with more than one request slot and where sglang's capture batch is one request
+# (a bucket within the context length), and only up to
+# MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST, above which one request's batch runs eager. Read in sglang's MambaMixer2 extend and this package's tables, not yet
 # measured (docs/next_gpu_blocks.md): one request on a 16-slot graph moves fp32
 # SSM states for every slot and every track row (K = min(slots, tokens // cache
 # chunk), 16 from 2048 tokens; 4 MiB a state at Nemotron-H-8B's dimensions) and
 # runs _chunk_state_varlen over all of them, where eager moves the one request's;
-# estimated at 12-17 ms of the 15-18 ms by which the graph lost to eager at
-# 2048-3072 tokens (benchmark/results/gpu/serving_2026-12-04/). Off until an H200
+# estimated at 15-21 ms with the smaller per-slot costs, against the 15-18 ms by
+# which the graph lost to eager at 2048-3072 tokens (benchmark/results/gpu/serving_2026-12-04/). Off until an H200
 # serves it (test probe GRAPHFIX_PROBE_MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS).
 MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS = 0
 
@@ -217,13 +220,16 @@ def mamba2_request_buckets(num_tokens: int, slots: int) -> tuple[int, ...]:
     also has a graph, with ``slots`` request slots: MAMBA2_REQUEST_BUCKETS below
     both (while MAMBA2_REQUEST_BUCKETS_CAPTURED), for buckets up to
     REQUEST_BUCKET_MAX_TOKENS; one request slot for the larger buckets up to
-    MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS."""
+    MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS (and MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST,
+    above which such a batch would not replay it)."""
     most = min(slots, num_tokens)
     if not MAMBA2_REQUEST_BUCKETS_CAPTURED:
         return ()
     if num_tokens > REQUEST_BUCKET_MAX_TOKENS:
-        single = num_tokens <= MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS and most > 1
-        return (1,) if single else ()
+        largest = MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS
+        if MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST is not None:
+            largest = min(largest, MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST)
+        return (1,) if num_tokens <= largest and most > 1 else ()
     return tuple(r for r in sorted(MAMBA2_REQUEST_BUCKETS) if r < most)
 
 

@@ -112,9 +112,10 @@ CAPTURE_REQUEST_SLOTS = "capture_request_slots"
 
 def capture_request_buckets(linear, num_tokens: int, slots: int) -> tuple[int, ...]:
     """The request counts below ``slots`` for which the ``num_tokens`` bucket
-    also captures a graph: MAMBA2_REQUEST_BUCKETS on a Mamba2 backend (while
-    MAMBA2_REQUEST_BUCKETS_CAPTURED), for buckets up to REQUEST_BUCKET_MAX_TOKENS;
-    none for the other families (their padding request slots move no state)."""
+    also captures a graph: on a Mamba2 backend, capability.mamba2_request_buckets
+    (MAMBA2_REQUEST_BUCKETS up to REQUEST_BUCKET_MAX_TOKENS, one slot above up to
+    MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS); none for the other families (their
+    padding request slots move no state)."""
     if not isinstance(linear, Mamba2AttnBackend):
         return ()
     return capability.mamba2_request_buckets(num_tokens, slots)

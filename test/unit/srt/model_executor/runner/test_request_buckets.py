@@ -293,8 +293,11 @@ def test_single_request_graphs_above_the_bound(runner, caplog):
     caplog.set_level(logging.INFO, logger=runner_hooks.__name__)
     bound = capability.REQUEST_BUCKET_MAX_TOKENS
     runner.track = True
-    with mock.patch.object(
-        capability, "MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS", 4 * bound
+    with (
+        mock.patch.object(
+            capability, "MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS", 4 * bound
+        ),
+        mock.patch.object(capability, "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST", None),
     ):
         PrefillCudaGraphRunner.capture_one_shape(runner, 8 * bound)  # above it
         PrefillCudaGraphRunner.capture_one_shape(runner, 4 * bound)
@@ -327,6 +330,30 @@ def test_single_request_graphs_above_the_bound(runner, caplog):
         "also capture graphs over 1/2/4 request slots; a batch of fewer requests "
         "than the graph's 8 replays the smallest that holds it.",
     ]
+
+
+def test_single_request_graphs_stop_where_one_request_runs_eager(runner):
+    """Not above MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST (a batch of one request of
+    more tokens runs eager: such a graph would never replay), nor with one
+    request slot (the graph over all slots is that graph)."""
+    bound = capability.REQUEST_BUCKET_MAX_TOKENS
+    with (
+        mock.patch.object(
+            capability, "MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS", 8 * bound
+        ),
+        mock.patch.object(capability, "MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST", 2 * bound),
+    ):
+        for size in (4 * bound, 2 * bound):
+            PrefillCudaGraphRunner.capture_one_shape(runner, size)
+        assert set(runner.backend._graphs) == {
+            ShapeKey(size=4 * bound),
+            ShapeKey(size=2 * bound),
+            ShapeKey(size=2 * bound, attention_variant=_variant(1)),
+        }
+        runner.backend._graphs.clear()
+        runner._capture_req_slots = 1
+        PrefillCudaGraphRunner.capture_one_shape(runner, 2 * bound)
+        assert set(runner.backend._graphs) == {ShapeKey(size=2 * bound)}
 
 
 def test_single_request_graphs_ship_off():
