@@ -691,16 +691,10 @@ def _request_buckets_line(args, model_config, slots: int, buckets) -> str:
     view = resolving_view(args)
     if view.max_running_requests:
         slots = min(slots, view.max_running_requests)
-    # As the runner's _request_buckets_to_capture: only request buckets that hold
-    # sglang's capture batch, one request per context length of tokens.
-    context = getattr(model_config, "context_len", None) or max(buckets, default=1)
+    # As the runner's: only request buckets that hold sglang's capture batch.
+    context = getattr(model_config, "context_len", None)
     per_bucket = {
-        b: tuple(
-            r
-            for r in capability.mamba2_request_buckets(b, slots)
-            if r >= -(-b // context)
-        )
-        for b in buckets
+        b: capability.mamba2_request_buckets(b, slots, context) for b in buckets
     }
     bound = capability.REQUEST_BUCKET_MAX_TOKENS
     captured = [b for b, counts in per_bucket.items() if counts]

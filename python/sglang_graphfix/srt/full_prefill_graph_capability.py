@@ -166,14 +166,16 @@ REQUEST_BUCKET_MAX_TOKENS = 512
 # none); as the other request buckets, only while MAMBA2_REQUEST_BUCKETS_CAPTURED,
 # with more than one request slot and where sglang's capture batch is one request
 # (a bucket within the context length), and only up to
-# MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST, above which one request's batch runs eager. Read in sglang's MambaMixer2 extend and this package's tables, not yet
-# measured (docs/next_gpu_blocks.md): one request on a 16-slot graph moves fp32
-# SSM states for every slot and every track row (K = min(slots, tokens // cache
-# chunk), 16 from 2048 tokens; 4 MiB a state at Nemotron-H-8B's dimensions) and
-# runs _chunk_state_varlen over all of them, where eager moves the one request's;
+# MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST, above which one request's batch runs eager.
+# Read in sglang's MambaMixer2 extend and this package's tables, not yet measured
+# (docs/next_gpu_blocks.md): one request on a 16-slot graph moves fp32 SSM states
+# for every slot and every track row (K = min(slots, tokens // cache chunk), 16
+# from 2048 tokens; 4 MiB a state at Nemotron-H-8B's dimensions) and runs
+# _chunk_state_varlen over all of them, where eager moves the one request's;
 # estimated at 15-21 ms with the smaller per-slot costs, against the 15-18 ms by
-# which the graph lost to eager at 2048-3072 tokens (benchmark/results/gpu/serving_2026-12-04/). Off until an H200
-# serves it (test probe GRAPHFIX_PROBE_MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS).
+# which the graph lost to eager at 2048-3072 tokens
+# (benchmark/results/gpu/serving_2026-12-04/). Off until an H200 serves it (test
+# probe GRAPHFIX_PROBE_MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS).
 MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS = 0
 
 
@@ -215,13 +217,17 @@ MAMBA2_CONV_BLOCK_TABLE = False
 MAMBA2_TABLE_FILL_KERNEL = True
 
 
-def mamba2_request_buckets(num_tokens: int, slots: int) -> tuple[int, ...]:
+def mamba2_request_buckets(
+    num_tokens: int, slots: int, context_len: int | None = None
+) -> tuple[int, ...]:
     """The request counts for which a Mamba2 full graph's ``num_tokens`` bucket
     also has a graph, with ``slots`` request slots: MAMBA2_REQUEST_BUCKETS below
     both (while MAMBA2_REQUEST_BUCKETS_CAPTURED), for buckets up to
     REQUEST_BUCKET_MAX_TOKENS; one request slot for the larger buckets up to
     MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS (and MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST,
-    above which such a batch would not replay it)."""
+    above which such a batch would not replay it). With ``context_len``, only the
+    counts that hold sglang's capture batch, which splits the bucket into
+    requests of at most the context length."""
     most = min(slots, num_tokens)
     if not MAMBA2_REQUEST_BUCKETS_CAPTURED:
         return ()
@@ -229,8 +235,11 @@ def mamba2_request_buckets(num_tokens: int, slots: int) -> tuple[int, ...]:
         largest = MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS
         if MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST is not None:
             largest = min(largest, MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST)
-        return (1,) if num_tokens <= largest and most > 1 else ()
-    return tuple(r for r in sorted(MAMBA2_REQUEST_BUCKETS) if r < most)
+        counts = (1,) if num_tokens <= largest and most > 1 else ()
+    else:
+        counts = tuple(r for r in sorted(MAMBA2_REQUEST_BUCKETS) if r < most)
+    requests = -(-num_tokens // context_len) if context_len else 1
+    return tuple(r for r in counts if r >= requests)
 
 
 # Where a Mamba2 full prefill graph stops beating the eager prefill that routing

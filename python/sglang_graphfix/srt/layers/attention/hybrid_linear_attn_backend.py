@@ -110,15 +110,18 @@ REQUEST_BUCKETS = "graph_request_buckets"
 CAPTURE_REQUEST_SLOTS = "capture_request_slots"
 
 
-def capture_request_buckets(linear, num_tokens: int, slots: int) -> tuple[int, ...]:
+def capture_request_buckets(
+    linear, num_tokens: int, slots: int, context_len: int | None = None
+) -> tuple[int, ...]:
     """The request counts below ``slots`` for which the ``num_tokens`` bucket
     also captures a graph: on a Mamba2 backend, capability.mamba2_request_buckets
     (MAMBA2_REQUEST_BUCKETS up to REQUEST_BUCKET_MAX_TOKENS, one slot above up to
-    MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS); none for the other families (their
-    padding request slots move no state)."""
+    MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS; those holding the capture batch's
+    requests of at most ``context_len`` tokens); none for the other families
+    (their padding request slots move no state)."""
     if not isinstance(linear, Mamba2AttnBackend):
         return ()
-    return capability.mamba2_request_buckets(num_tokens, slots)
+    return capability.mamba2_request_buckets(num_tokens, slots, context_len)
 
 
 def replay_request_slots(hybrid, num_tokens: int, requests: int) -> int | None:

@@ -324,11 +324,12 @@ def _request_buckets_to_capture(runner, size, prefix_num_chunks=0) -> tuple:
         return ()
     # capture_prepare splits the bucket into requests of at most the context
     # length: a request bucket must hold them.
-    requests = -(-size // runner.model_runner.model_config.context_len)
-    buckets = capture_request_buckets(
-        hybrid.linear_attn_backend, size, runner._capture_req_slots
+    return capture_request_buckets(
+        hybrid.linear_attn_backend,
+        size,
+        runner._capture_req_slots,
+        runner.model_runner.model_config.context_len,
     )
-    return tuple(slots for slots in buckets if slots >= requests)
 
 
 # What:    Wraps PrefillCudaGraphRunner._shape_key: a batch of fewer requests
