@@ -40,6 +40,10 @@
 #     prefill 512: the request-slot floor's cached-prefix chunks keep a 2000-token
 #     prompt's every chunk on the graph, its outputs equal to eager.
 #
+# BLOCK_STEPS=N runs only the first N serving steps (then POST), for a session
+# left with less device time than a whole block (each start that got no machine
+# cost 1-2 min on 2026-12-06): the steps are in the order that matters.
+#
 # POST, both blocks: each served report's traces summarised (trace_summary.py;
 # run_block.sh already did, right after each serving run) and the servers diffed
 # (profile_diff.py: device ops, and the CUDA runtime's calls) into RES/post, on
@@ -51,6 +55,10 @@ if [ $# -gt 1 ]; then
   exit 2
 fi
 block=${1:-mamba2}
+if [ -n "${BLOCK_STEPS:-}" ] && ! [[ $BLOCK_STEPS =~ ^[1-9][0-9]*$ ]]; then
+  echo "next_block.sh: BLOCK_STEPS takes a whole number of serving steps (1, 2, ...), got '$BLOCK_STEPS'" >&2
+  exit 2
+fi
 mkdir -p /tmp/probe
 # The test probe, with its split of the prefill graphs' memory into the caching
 # allocator's pool and the rest (GRAPHFIX_PROBE_GRAPH_MEMORY) in the server logs.
@@ -89,10 +97,11 @@ rm -f \"\$both.partial\"
 timeout 300 python3 -m pytest test/gpu/test_mamba2_full_prefill_graph.py -k \
   \"nemotron_h-no_buffer and (matches_eager or replays)\" -q -rA -p no:cacheprovider \
   >\"\$OUT/mamba2_no_buffer_engine.log\" 2>&1"
-    exec bash test/gpu/run_block.sh "" "" \
-      "$probe GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST=100000 GRAPHFIX_PROBE_MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS=4096 --model nemotron-h-8b --context-length 8192 --modes full,breakable --workloads sizes --profile 1_x_1536_tokens,1_x_2048_tokens" \
-      "$probe GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST=100000 --model nemotron-h-8b --context-length 8192 --modes full --workloads sizes --profile 1_x_2048_tokens" \
+    steps=(
+      "$probe GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST=100000 GRAPHFIX_PROBE_MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS=4096 --model nemotron-h-8b --context-length 8192 --modes full,breakable --workloads sizes --profile 1_x_1536_tokens,1_x_2048_tokens"
+      "$probe GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST=100000 --model nemotron-h-8b --context-length 8192 --modes full --workloads sizes --profile 1_x_2048_tokens"
       "--model granite-4.0-h-micro --modes full,breakable --workloads burst,long --profile 1_x_16_tokens,8_x_64_tokens"
+    )
     ;;
   qwen3-next)
     # sglang's Hopper default attention backend, which these servers keep, is
@@ -112,12 +121,14 @@ timeout 300 python3 -m pytest test/gpu/test_mamba2_full_prefill_graph.py -k \
     export POST="$POST
 timeout 300 python3 -m pytest test/gpu/test_kimi_linear_full_prefill_graph.py -k slot_floor \
   -q -rA -p no:cacheprovider >\"\$OUT/kimi_linear_slot_floor.log\" 2>&1"
-    exec bash test/gpu/run_block.sh "" "" \
-      "$probe --model qwen3-next-80b-a3b-fp8 --modes breakable,full,disabled --workloads burst,long --quick --profile long_8k-16k,4_x_256_tokens" \
+    steps=(
+      "$probe --model qwen3-next-80b-a3b-fp8 --modes breakable,full,disabled --workloads burst,long --quick --profile long_8k-16k,4_x_256_tokens"
       "--model qwen3-next-80b-a3b-fp8 --modes breakable,full --workloads burst --quick -- --chunked-prefill-size 512"
+    )
     ;;
   *)
     echo "next_block.sh: no block named '$block' (mamba2, qwen3-next)" >&2
     exit 2
     ;;
 esac
+exec bash test/gpu/run_block.sh "" "" "${steps[@]:0:${BLOCK_STEPS:-${#steps[@]}}}"

@@ -350,6 +350,45 @@ def test_a_summary_that_fails_is_not_kept_nor_tried_again(block):
     assert "serving profile summary rc=1" in progress
 
 
+def test_block_steps_runs_the_first_steps_then_post(block):
+    """BLOCK_STEPS=N (a session left with less device time than a block): the
+    first N serving steps as planned, then POST (its diffs of what ran, and the
+    engine test); the later steps are not started. Not a number: refused
+    before anything runs."""
+    tmp, env = block
+    done = _run("next_block.sh", ["mamba2"], {**env, "BLOCK_STEPS": "2"})
+    assert done.returncode == 0, done.stderr
+    calls = (tmp / "calls.log").read_text().splitlines()
+    serving = [c for c in calls if c.startswith("serving")]
+    assert len(serving) == 2 and "granite" not in " ".join(calls)
+    assert serving[0].startswith("serving [--model nemotron-h-8b --context-length 8192")
+    assert " --modes full --workloads sizes " in serving[1]
+    assert (tmp / "res" / "post" / "one_slot_vs_16_kernels.txt").exists()
+    assert calls[-1].startswith(
+        "pytest -m pytest test/gpu/test_mamba2_full_prefill_graph.py"
+    )
+    (tmp / "calls.log").unlink()
+    done = _run("next_block.sh", ["qwen3-next"], {**env, "BLOCK_STEPS": "1"})
+    assert done.returncode == 0, done.stderr
+    calls = (tmp / "calls.log").read_text().splitlines()
+    serving = [c for c in calls if c.startswith("serving")]
+    assert len(serving) == 1 and "--modes breakable,full,disabled" in serving[0]
+    assert calls[-1].startswith("pytest -m pytest test/gpu/test_kimi_linear")
+    # More steps than planned: all of them.
+    (tmp / "calls.log").unlink()
+    done = _run("next_block.sh", ["qwen3-next"], {**env, "BLOCK_STEPS": "9"})
+    assert done.returncode == 0, done.stderr
+    calls = (tmp / "calls.log").read_text().splitlines()
+    assert len([c for c in calls if c.startswith("serving")]) == 2
+    (tmp / "calls.log").unlink()
+    for bad in ("0", "two", "-1"):
+        done = _run("next_block.sh", ["mamba2"], {**env, "BLOCK_STEPS": bad})
+        assert (
+            done.returncode == 2 and "BLOCK_STEPS takes a whole number" in done.stderr
+        )
+    assert not (tmp / "calls.log").exists()
+
+
 def test_next_block_refuses_a_block_it_does_not_plan(block):
     tmp, env = block
     done = _run("next_block.sh", ["qwen3"], env)
