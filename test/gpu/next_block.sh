@@ -66,12 +66,9 @@ probe="PYTHONPATH=$PWD/test/gpu/probe:${PYTHONPATH:-} GRAPHFIX_PROBE_DIR=/tmp/pr
 POST='
 res=${RES:-/tmp/res}
 for run in serving serving_2 serving_3; do
-  report=$res/$run/serving_prefill_graph.json
-  [ -e "$report" ] || continue
-  # run_block.sh summarised it after the run (its .err says when it could not:
-  # not tried again); here only for a report it did not summarise.
-  [ -s "$OUT/${run}_profile.json" ] || [ -e "$OUT/${run}_profile.err" ] \
-    || python3 benchmark/trace_summary.py "$report" >"$OUT/${run}_profile.json" || continue
+  # run_block.sh summarised every report with profiled runs right after its run
+  # (its .err says when it could not: not tried again); a report without
+  # profiled runs has no traces to diff.
   [ -s "$OUT/${run}_profile.json" ] || continue
   for pair in "full breakable" "full disabled" "breakable disabled"; do
     set -- $pair
