@@ -535,3 +535,80 @@ def test_mamba2_snapshots_on_graph_tables_equal_upstreams_track_copies():
             modes.update(meta.track.mode.tolist())
         assert torch.equal(graph[1:], eager[1:]), vars(case)
     assert {TRACK_FINAL_STATE, TRACK_GRID_STATE, TRACK_RECOMPUTE_STATE} <= modes
+
+
+class _LaunchKeys:
+    """Stands in for the table-fill kernel's Triton launch (grid[...](...)) and
+    records what Triton compiles a kernel per: every tensor argument's dtype
+    and the constexpr keywords."""
+
+    def __init__(self):
+        self.keys = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.keys.append(
+                (
+                    tuple(a.dtype for a in args if isinstance(a, torch.Tensor)),
+                    tuple(sorted(kwargs.items())),
+                )
+            )
+
+        return launch
+
+
+def test_mamba2_replays_launch_the_table_fill_kernel_compiled_at_capture(
+    monkeypatch,
+):
+    """A bucket's capture (its track inputs in sglang's own capture slots,
+    build_prefill_registry: the tracked lengths int32) and its replays (the
+    scheduler's batches: lengths int64, or nothing tracked) launch the
+    table-fill kernel with one set of argument dtypes and constexprs, so no
+    replay compiles it again after the server is ready (a served Nemotron-H
+    full graph did, 2.92 s on its first tracked replay, before the track
+    inputs were given one dtype)."""
+    from sglang.srt.model_executor.cuda_graph_buffer_registry import (
+        build_prefill_registry,
+    )
+    from sglang_graphfix.srt.layers.attention.mamba import mamba2_prefill_graph
+    from sglang_graphfix_kernel import mamba2_prefill_tables
+
+    launches = _LaunchKeys()
+    monkeypatch.setattr(mamba2_prefill_tables, "_fill_mamba2_prefill_tables", launches)
+    monkeypatch.setattr(mamba2_prefill_graph, "fills_on_device", lambda tables: True)
+    case = _tracking_case(40, [16, 16, 8], [True, True, False])
+    registry = build_prefill_registry(
+        device=torch.device("cpu"),
+        max_bs=case.slots,
+        max_num_token=case.bucket,
+        cache_loc_dtype=torch.int64,
+        enable_mamba_track=True,
+        share_pool=False,
+    )
+    capture = capture_batch(case, track=True)
+    for name in ("mamba_track_mask", "mamba_track_indices", "mamba_track_seqlens"):
+        setattr(
+            capture, name, registry.get_slot(name).slice_for(case.slots, case.bucket)
+        )
+    assert capture.mamba_track_seqlens.dtype == torch.int32  # sglang's slot
+    tracked = replay_view(case, mamba2_live_batch(case))
+    assert tracked.mamba_track_seqlens.dtype == torch.int64  # as the scheduler's
+    untracked = replay_view(case, mamba2_live_batch(case))
+    for name in ("mamba_track_mask", "mamba_track_indices", "mamba_track_seqlens"):
+        setattr(untracked, name, None)
+    untracked.mamba_prefill_track_mask_cpu = None
+    with _mamba2_graph_runtime(case):
+        hybrid = _hybrid(mamba2_backend(case.chunk))
+        hybrid.init_forward_metadata_out_graph(capture, in_capture=True)
+        assert backend_track_rows(hybrid) == 2
+        captured = set(launches.keys)
+        for replay in (tracked, untracked):
+            launches.keys.clear()
+            hybrid.init_forward_metadata_out_graph(replay, in_capture=False)
+            assert len(launches.keys) == 1
+            assert set(launches.keys) <= captured, (launches.keys, captured)
+
+
+def backend_track_rows(hybrid):
+    meta = hybrid.linear_attn_backend.forward_metadata
+    return meta.track.num_rows if meta.track is not None else 0

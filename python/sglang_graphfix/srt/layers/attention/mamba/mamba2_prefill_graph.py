@@ -583,12 +583,18 @@ def _track_inputs(backend, forward_batch, meta: Mamba2FullGraphMetadata) -> dict
     """The eager track selection's inputs (MambaAttnBackendBase._forward_metadata:
     the mask, the tracked lengths, the translated track slots), all None where
     the bucket has no snapshot plan or the batch tracks nothing (e.g. a replay
-    without the track slots)."""
+    without the track slots). One dtype each (no copy when already so), those
+    the table-fill kernel's stand-ins for absent inputs have, so that capture
+    and replay launch the same compiled kernel: sglang's capture slot holds the
+    tracked lengths as int32 and its scheduler's batches as int64, and the
+    kernel compiled again on a server's first tracked replay (2.92 s, logged on
+    2026-12-07)."""
     mask = forward_batch.mamba_track_mask
     if meta.track is None or mask is None:
         return dict(track_mask=None, track_seq_lens=None, track_slots=None)
+    slots = backend._translate_mamba_indices(forward_batch.mamba_track_indices)
     return dict(
-        track_mask=mask,
-        track_seq_lens=forward_batch.mamba_track_seqlens,
-        track_slots=backend._translate_mamba_indices(forward_batch.mamba_track_indices),
+        track_mask=mask.to(torch.bool),
+        track_seq_lens=forward_batch.mamba_track_seqlens.to(torch.int64),
+        track_slots=slots.to(torch.int64),
     )
