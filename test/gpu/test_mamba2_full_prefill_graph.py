@@ -72,6 +72,7 @@ from engine_utils import (
 from models import (
     chunk_256_batches,
     one_token_batches,
+    prompts,
     tiny_falcon_h1,
     tiny_granite_moe_hybrid,
     tiny_lfm2,
@@ -316,4 +317,153 @@ def test_wrong_graph_state_changes_outputs(
         {"tolerance": TOL, "batches": per_batch},
     )
     replayed = [r for r, n in zip(per_batch, graph[1]) if n]
+    assert replayed and all(diverged(r) for r in replayed), per_batch
+
+
+# --- One request slot for long prompts (MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS) ---
+# Off as shipped. Served at Nemotron-H-8B's dimensions on an H100 on 2026-12-07
+# (benchmark/results/gpu/serving_2026-12-07/) it took one prompt's median time to
+# first token to 33.2-91.5 ms at 768-3072 tokens, against 44.8-105.8 ms for the
+# 16-slot graph on an H200 two days before; what it waits for is this check: a
+# tiny NemotronH with Nemotron-H-8B's layout (MLP layers, 8 groups) and chunked
+# prefill at 2048 tokens, whose single prompts above REQUEST_BUCKET_MAX_TOKENS
+# (512) replay the one-slot graphs of the buckets 1024 and 2048 (fresh, on a
+# prefix hit, as a chunked prompt's second chunk), against eager, with the
+# radix cache's extra buffer (the one-slot graph's single track row). The length
+# bound is lifted so that the 2048-token bucket replays too.
+ONE_SLOT_ENV = {
+    **SWITCH,
+    "GRAPHFIX_PROBE_MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS": "2048",
+    "GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST": "100000",
+}
+ONE_SLOT_FULL = {
+    "backend": "full",
+    "bs": [16, 64, 256, 512, 1024, 2048],
+    "full_prefill_max_req": 4,
+}
+
+
+def one_slot_batches() -> list:
+    """Single prompts of 513-3000 tokens (one-slot graphs), one of them a prefix
+    hit and one chunked in two; two prompts at once (the 4-slot graph); one of
+    300 tokens (request bucket 1, under 512). 8 new tokens each."""
+    p600, p1500, p3000, p513, p300 = prompts(20, [600, 1500, 3000, 513, 300])
+    hit = p1500 + prompts(21, [700])[0]
+    inputs = [[p600], [p1500], [hit], prompts(22, [700, 800]), [p3000], [p513], [p300]]
+    return [{"input_ids": ids, "max_new_tokens": 8} for ids in inputs]
+
+
+ONE_SLOT_BATCHES = one_slot_batches()
+# The batches of one prompt above 512 new tokens: each replays a one-slot graph.
+ONE_SLOT_REPLAYED = [0, 1, 2, 4, 5]
+TWO_PROMPTS = 3
+
+
+@pytest.fixture(scope="module")
+def one_slot_settings():
+    """The probe's two settings in this process too (ServerArgs resolution),
+    restored after the module."""
+    from sglang_graphfix.srt import full_prefill_graph_capability as capability
+
+    saved = (
+        capability.MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS,
+        capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST,
+    )
+    capability.MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS = 2048
+    capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST = 100000
+    yield
+    (
+        capability.MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS,
+        capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST,
+    ) = saved
+
+
+def _one_slot_kwargs(path, prefill):
+    return {
+        **chunk_256_engine_kwargs(path, prefill),
+        **STRATEGIES["extra_buffer"],
+        "chunked_prefill_size": 2048,
+        "context_length": 4096,
+    }
+
+
+@pytest.fixture(scope="module")
+def one_slot_path(tmp_path_factory):
+    return MODELS["nemotron_h_groups8"](tmp_path_factory.mktemp("one_slot"))
+
+
+@pytest.fixture(scope="module")
+def one_slot_eager(one_slot_path, one_slot_settings):
+    return run_engine(
+        _one_slot_kwargs(one_slot_path, {"backend": "disabled"}),
+        ONE_SLOT_BATCHES,
+        env=ONE_SLOT_ENV,
+        top_logprobs_num=TOPK,
+    )
+
+
+@pytest.fixture(scope="module")
+def one_slot_graph(one_slot_path, one_slot_settings):
+    before = {
+        name: probe_count(name)
+        for name in ("mamba2_graph_replay", "graph_replay_request_slots1")
+    }
+    results = run_engine(
+        _one_slot_kwargs(one_slot_path, ONE_SLOT_FULL),
+        ONE_SLOT_BATCHES,
+        env=ONE_SLOT_ENV,
+        top_logprobs_num=TOPK,
+    )
+    return results, {
+        name: replays_per_batch(results, n, name) for name, n in before.items()
+    }
+
+
+def test_one_slot_graphs_replay_single_long_prompts(one_slot_graph):
+    """Every batch replays a graph; the single prompts above 512 new tokens a
+    one-slot graph, the two prompts at once not."""
+    _, replays = one_slot_graph
+    every, one_slot = (
+        replays["mamba2_graph_replay"],
+        replays["graph_replay_request_slots1"],
+    )
+    assert all(every), replays
+    assert all(one_slot[b] for b in ONE_SLOT_REPLAYED), replays
+    assert one_slot[TWO_PROMPTS] == 0, replays
+
+
+def test_one_slot_graphs_match_eager(one_slot_graph, one_slot_eager):
+    results, replays = one_slot_graph
+    report = graph_vs_eager(one_slot_eager, results, tol=TOL)
+    write_result(
+        "mamba2_one_slot_graph_vs_eager_nemotron_h_groups8_extra_buffer",
+        {
+            **report,
+            "prompt_lengths": [
+                [len(p) for p in b["input_ids"]] for b in ONE_SLOT_BATCHES
+            ],
+            "graph_replays": replays,
+        },
+    )
+    assert_graph_matches_eager(report)
+
+
+def test_one_slot_wrong_graph_state_changes_outputs(
+    one_slot_path, one_slot_graph, one_slot_eager
+):
+    """Can-fail control, as test_wrong_graph_state_changes_outputs: the graph
+    engine with every replay's Mamba2 state pointed at the padding slot."""
+    results = run_engine(
+        _one_slot_kwargs(one_slot_path, ONE_SLOT_FULL),
+        ONE_SLOT_BATCHES,
+        env={**ONE_SLOT_ENV, "GRAPHFIX_PROBE_FAULT": "mamba2_wrong_state"},
+    )
+    per_batch = [compare(e, f, tol=TOL) for e, f in zip(one_slot_eager, results)]
+    write_result(
+        "mamba2_one_slot_graph_wrong_state_nemotron_h_groups8_extra_buffer",
+        {"tolerance": TOL, "batches": per_batch},
+    )
+    replayed = [
+        r for r, n in zip(per_batch, one_slot_graph[1]["mamba2_graph_replay"]) if n
+    ]
     assert replayed and all(diverged(r) for r in replayed), per_batch

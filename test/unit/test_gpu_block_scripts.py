@@ -216,20 +216,26 @@ def test_next_block_runs_the_planned_steps_and_summarises_them(block):
     assert done.returncode == 0, done.stderr
     res = tmp / "res"
     calls = (tmp / "calls.log").read_text().splitlines()
+    # First, alone: the one-slot graphs' engine test (OUT=RES/pre).
+    assert calls[0] == (
+        "pytest -m pytest test/gpu/test_mamba2_full_prefill_graph.py -k one_slot "
+        "-q -rA -p no:cacheprovider"
+    )
+    assert "pre rc=0" in (res / "progress.log").read_text()
     serving = [c for c in calls if c.startswith("serving")]
     assert serving == [
         "serving [--model nemotron-h-8b --context-length 8192 --modes "
         "full,breakable --workloads sizes --profile "
         "1_x_1536_tokens,1_x_2048_tokens] FOO=unset",
         "serving [--model nemotron-h-8b --context-length 8192 --modes full "
-        "--workloads sizes --profile 1_x_2048_tokens] FOO=unset",
+        "--workloads sizes --profile 1_x_1536_tokens,1_x_2048_tokens] FOO=unset",
         "serving [--model granite-4.0-h-micro --modes full,breakable --workloads "
         "burst,long --profile 1_x_16_tokens,8_x_64_tokens] FOO=unset",
     ]
     first, second, third = (tmp / "calls.log.env").read_text().splitlines()
-    # The one-slot graphs in the first step's servers only.
-    assert first == f"env 100000 1 4096 {ROOT}/test/gpu/probe:/site"
-    assert second == f"env 100000 1 unset {ROOT}/test/gpu/probe:/site"
+    # The one-slot graphs in the second step's server only.
+    assert first == f"env 100000 1 unset {ROOT}/test/gpu/probe:/site"
+    assert second == f"env 100000 1 4096 {ROOT}/test/gpu/probe:/site"
     assert third == "env unset unset unset /site"
     for run in ("serving", "serving_2", "serving_3"):
         report = res / run / "serving_prefill_graph.json"
@@ -251,7 +257,7 @@ def test_next_block_runs_the_planned_steps_and_summarises_them(block):
     assert f"post benchmark/trace_summary.py {reports[0]} {reports[1]}" in calls
     both = res / "post" / "one_slot_vs_16_profile.json"
     assert (
-        f"post benchmark/profile_diff.py {both} --a full --b full (serving_2) "
+        f"post benchmark/profile_diff.py {both} --a full (serving_2) --b full "
         "--ops kernels" in calls
     )
     assert (res / "post" / "one_slot_vs_16_kernels.txt").exists()
