@@ -840,6 +840,9 @@ SERVING_NEMOTRON_H_SIZES = (
     "gpu/serving_2026-12-04/nemotron_h_8b_sizes_conv_table/serving_prefill_graph.json",
     "gpu/serving_2026-12-04/nemotron_h_8b_sizes_as_shipped/serving_prefill_graph.json",
 )
+SERVING_NEMOTRON_H_ONE_SLOT = (
+    "gpu/serving_2026-12-07/nemotron_h_8b_one_slot/serving_prefill_graph.json"
+)
 SERVING_FALCON_H1_REQUEST_BUCKETS = (
     "gpu/serving_2026-12-03c/falcon_h1_7b_request_buckets/serving_prefill_graph.json"
 )
@@ -879,6 +882,17 @@ def render() -> str:
             "d56e344, request buckets on), full vs breakable (eager on this model), "
             "one server after the other; its 8192 positions leave out the 8k-16k "
             "run. ",
+        )
+        + serving(
+            (SERVING_NEMOTRON_H_ONE_SLOT,),
+            "Nemotron-H-8B with a graph over one request slot for token buckets "
+            "576-4096 (issue 16; 2026-12-07, tree 5125fd7, on an H100, the two "
+            "servers one after the other): full with the length bound lifted and "
+            "the one-slot tier on (the test probe's "
+            "GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST=100000 and "
+            "GRAPHFIX_PROBE_MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS=4096; off as "
+            "shipped) against breakable (eager on this model); the control without "
+            "the tier did not run in that session. ",
         )
         + serving(
             SERVING_NEMOTRON_H_SIZES,

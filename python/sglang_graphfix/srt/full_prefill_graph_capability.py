@@ -167,15 +167,21 @@ REQUEST_BUCKET_MAX_TOKENS = 512
 # with more than one request slot and where sglang's capture batch is one request
 # (a bucket within the context length), and only up to
 # MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST, above which one request's batch runs eager.
-# Read in sglang's MambaMixer2 extend and this package's tables, not yet measured
+# Read in sglang's MambaMixer2 extend and this package's tables
 # (docs/next_gpu_blocks.md): one request on a 16-slot graph moves fp32 SSM states
 # for every slot and every track row (K = min(slots, tokens // cache chunk), 16
 # from 2048 tokens; 4 MiB a state at Nemotron-H-8B's dimensions) and runs
 # _chunk_state_varlen over all of them, where eager moves the one request's;
 # estimated at 15-21 ms with the smaller per-slot costs, against the 15-18 ms by
 # which the graph lost to eager at 2048-3072 tokens
-# (benchmark/results/gpu/serving_2026-12-04/). Off until an H200 serves it (test
-# probe GRAPHFIX_PROBE_MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS).
+# (benchmark/results/gpu/serving_2026-12-04/). Served once at 4096, on an H100
+# with the length bound lifted (benchmark/results/gpu/serving_2026-12-07/): one
+# prompt's median time to first token 33.2-91.5 ms at 768-3072 tokens, 11-16 ms
+# under the 16-slot graph's on an H200 two days before (not a control in one
+# session), below eager's up to 1536 tokens and 4.8-5.2 ms above it at 2048-3072.
+# Off until a tiny engine's graph vs eager with it passes
+# (test_mamba2_full_prefill_graph.py -k one_slot) and a control in one session
+# confirms the gain (test probe GRAPHFIX_PROBE_MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS).
 MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS = 0
 
 
