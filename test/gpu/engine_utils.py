@@ -61,6 +61,8 @@ def _parse(out: dict) -> dict:
         # The first generated token's top-k logprobs (top_logprobs_num of them),
         # token id -> logprob: the prefill's logits, compared by first_token_topk.
         "first_topk": {int(t[1]): float(t[0]) for t in (top[0] or [])} if top else {},
+        # Prompt tokens the radix cache served (a prefix hit's length).
+        "cached_tokens": meta.get("cached_tokens"),
     }
 
 

@@ -354,9 +354,17 @@ def one_slot_batches() -> list:
 
 
 ONE_SLOT_BATCHES = one_slot_batches()
-# The batches of one prompt above 512 new tokens: each replays a one-slot graph.
-ONE_SLOT_REPLAYED = [0, 1, 2, 4, 5]
-TWO_PROMPTS = 3
+# Per batch, the prefill forwards on tables of one request slot (the one-slot
+# graphs of the buckets 1024 and 2048; the last batch, 300 tokens, request
+# bucket 1 of the 512-token bucket), and on all 4 slots: the prefix hit leaves
+# one forward of 513-2048 new tokens, the 3000-token prompt two chunks (2048 and
+# 952 tokens), the two prompts at once one forward on the 4-slot graph.
+ONE_SLOT_REPLAYS = {
+    "mamba2_graph_replay_slots1": [1, 1, 1, 0, 2, 1, 1],
+    "mamba2_graph_replay_slots4": [0, 0, 0, 1, 0, 0, 0],
+    "mamba2_graph_replay": [1, 1, 1, 1, 2, 1, 1],
+}
+PREFIX_HIT = 2
 
 
 @pytest.fixture(scope="module")
@@ -404,10 +412,7 @@ def one_slot_eager(one_slot_path, one_slot_settings):
 
 @pytest.fixture(scope="module")
 def one_slot_graph(one_slot_path, one_slot_settings):
-    before = {
-        name: probe_count(name)
-        for name in ("mamba2_graph_replay", "graph_replay_request_slots1")
-    }
+    before = {name: probe_count(name) for name in ONE_SLOT_REPLAYS}
     results = run_engine(
         _one_slot_kwargs(one_slot_path, ONE_SLOT_FULL),
         ONE_SLOT_BATCHES,
@@ -420,16 +425,14 @@ def one_slot_graph(one_slot_path, one_slot_settings):
 
 
 def test_one_slot_graphs_replay_single_long_prompts(one_slot_graph):
-    """Every batch replays a graph; the single prompts above 512 new tokens a
-    one-slot graph, the two prompts at once not."""
-    _, replays = one_slot_graph
-    every, one_slot = (
-        replays["mamba2_graph_replay"],
-        replays["graph_replay_request_slots1"],
-    )
-    assert all(every), replays
-    assert all(one_slot[b] for b in ONE_SLOT_REPLAYED), replays
-    assert one_slot[TWO_PROMPTS] == 0, replays
+    """Every prefill forward replays a graph: those of a single prompt on tables
+    of one request slot, the two prompts at once on all four (the probe's
+    counts per batch), the prefix hit after a hit of the radix cache."""
+    results, replays = one_slot_graph
+    assert replays == ONE_SLOT_REPLAYS, replays
+    hit = results[PREFIX_HIT][0]["cached_tokens"]
+    new = len(ONE_SLOT_BATCHES[PREFIX_HIT]["input_ids"][0]) - (hit or 0)
+    assert hit and 512 < new <= 2048, hit
 
 
 def test_one_slot_graphs_match_eager(one_slot_graph, one_slot_eager):
@@ -453,6 +456,7 @@ def test_one_slot_wrong_graph_state_changes_outputs(
 ):
     """Can-fail control, as test_wrong_graph_state_changes_outputs: the graph
     engine with every replay's Mamba2 state pointed at the padding slot."""
+    before = probe_count("mamba2_graph_replay")
     results = run_engine(
         _one_slot_kwargs(one_slot_path, ONE_SLOT_FULL),
         ONE_SLOT_BATCHES,
@@ -464,6 +468,10 @@ def test_one_slot_wrong_graph_state_changes_outputs(
         {"tolerance": TOL, "batches": per_batch},
     )
     replayed = [
-        r for r, n in zip(per_batch, one_slot_graph[1]["mamba2_graph_replay"]) if n
+        r
+        for r, n in zip(
+            per_batch, replays_per_batch(results, before, "mamba2_graph_replay")
+        )
+        if n
     ]
     assert replayed and all(diverged(r) for r in replayed), per_batch

@@ -565,8 +565,10 @@ def test_mamba2_replays_launch_the_table_fill_kernel_compiled_at_capture(
     scheduler's batches: lengths int64, or nothing tracked) launch the
     table-fill kernel with one set of argument dtypes and constexprs, so no
     replay compiles it again after the server is ready (a served Nemotron-H
-    full graph did, 2.92 s on its first tracked replay, before the track
-    inputs were given one dtype)."""
+    full graph did, 2.92 s after it was ready, before the track inputs were
+    given one dtype). The batch fields other than the track inputs are this
+    module's stand-ins, not sglang's: a regression test for the track
+    inputs' dtypes, not a model of the runner's buffers."""
     from sglang.srt.model_executor.cuda_graph_buffer_registry import (
         build_prefill_registry,
     )

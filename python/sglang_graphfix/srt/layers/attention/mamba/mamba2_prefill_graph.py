@@ -586,9 +586,10 @@ def _track_inputs(backend, forward_batch, meta: Mamba2FullGraphMetadata) -> dict
     without the track slots). One dtype each (no copy when already so), those
     the table-fill kernel's stand-ins for absent inputs have, so that capture
     and replay launch the same compiled kernel: sglang's capture slot holds the
-    tracked lengths as int32 and its scheduler's batches as int64, and the
-    kernel compiled again on a server's first tracked replay (2.92 s, logged on
-    2026-12-07)."""
+    tracked lengths as int32 and its scheduler's batches as int64 (with the
+    extra buffer every batch carries a mask), and the kernel compiled again on
+    a server's first replay of a bucket with a snapshot plan (2.92 s, logged
+    on 2026-12-07)."""
     mask = forward_batch.mamba_track_mask
     if meta.track is None or mask is None:
         return dict(track_mask=None, track_seq_lens=None, track_slots=None)
