@@ -537,6 +537,9 @@ def test_mamba2_snapshots_on_graph_tables_equal_upstreams_track_copies():
     assert {TRACK_FINAL_STATE, TRACK_GRID_STATE, TRACK_RECOMPUTE_STATE} <= modes
 
 
+_TRACK_FIELDS = ("mamba_track_mask", "mamba_track_indices", "mamba_track_seqlens")
+
+
 class _LaunchKeys:
     """Stands in for the table-fill kernel's Triton launch (grid[...](...)) and
     records what Triton compiles a kernel per: every tensor argument's dtype
@@ -588,7 +591,7 @@ def test_mamba2_replays_launch_the_table_fill_kernel_compiled_at_capture(
         share_pool=False,
     )
     capture = capture_batch(case, track=True)
-    for name in ("mamba_track_mask", "mamba_track_indices", "mamba_track_seqlens"):
+    for name in _TRACK_FIELDS:
         setattr(
             capture, name, registry.get_slot(name).slice_for(case.slots, case.bucket)
         )
@@ -596,21 +599,16 @@ def test_mamba2_replays_launch_the_table_fill_kernel_compiled_at_capture(
     tracked = replay_view(case, mamba2_live_batch(case))
     assert tracked.mamba_track_seqlens.dtype == torch.int64  # as the scheduler's
     untracked = replay_view(case, mamba2_live_batch(case))
-    for name in ("mamba_track_mask", "mamba_track_indices", "mamba_track_seqlens"):
+    for name in _TRACK_FIELDS:
         setattr(untracked, name, None)
     untracked.mamba_prefill_track_mask_cpu = None
     with _mamba2_graph_runtime(case):
         hybrid = _hybrid(mamba2_backend(case.chunk))
         hybrid.init_forward_metadata_out_graph(capture, in_capture=True)
-        assert backend_track_rows(hybrid) == 2
+        assert hybrid.linear_attn_backend.forward_metadata.track.num_rows == 2
         captured = set(launches.keys)
         for replay in (tracked, untracked):
             launches.keys.clear()
             hybrid.init_forward_metadata_out_graph(replay, in_capture=False)
             assert len(launches.keys) == 1
             assert set(launches.keys) <= captured, (launches.keys, captured)
-
-
-def backend_track_rows(hybrid):
-    meta = hybrid.linear_attn_backend.forward_metadata
-    return meta.track.num_rows if meta.track is not None else 0

@@ -174,9 +174,17 @@ def _track_inputs(backend, forward_batch: ForwardBatch, meta):
             meta.max_seqs, dtype=torch.int64, device=backend.device
         )
         return TrackInputs(mask=mask, seq_lens=lens, slots=slots)
+    return live_track_inputs(backend, forward_batch)
+
+
+def live_track_inputs(backend, forward_batch: ForwardBatch) -> TrackInputs:
+    """A batch's track mask, tracked lengths and translated track slots as bool,
+    int64 and int64 (no copy when already so): sglang's capture slot holds the
+    lengths as int32, its scheduler's batches as int64, and a table-fill kernel
+    launched on both would compile once for each."""
     slots = backend._translate_mamba_indices(forward_batch.mamba_track_indices)
     return TrackInputs(
-        mask=mask.to(torch.bool),
+        mask=forward_batch.mamba_track_mask.to(torch.bool),
         seq_lens=forward_batch.mamba_track_seqlens.to(torch.int64),
         slots=slots.to(torch.int64),
     )

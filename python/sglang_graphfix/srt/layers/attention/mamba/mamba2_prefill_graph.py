@@ -78,6 +78,7 @@ from sglang.srt.runtime_context import mamba_cache_chunk_size
 from sglang_graphfix.srt import full_prefill_graph_capability as capability
 from sglang_graphfix.srt.layers.attention.linear.kda_prefill_graph import (
     bucket_tables,
+    live_track_inputs,
     request_slots,
 )
 from sglang_graphfix_kernel.mamba2_prefill_tables import (
@@ -583,19 +584,15 @@ def _track_inputs(backend, forward_batch, meta: Mamba2FullGraphMetadata) -> dict
     """The eager track selection's inputs (MambaAttnBackendBase._forward_metadata:
     the mask, the tracked lengths, the translated track slots), all None where
     the bucket has no snapshot plan or the batch tracks nothing (e.g. a replay
-    without the track slots). One dtype each (no copy when already so), those
-    the table-fill kernel's stand-ins for absent inputs have, so that capture
-    and replay launch the same compiled kernel: sglang's capture slot holds the
-    tracked lengths as int32 and its scheduler's batches as int64 (with the
-    extra buffer every batch carries a mask), and the kernel compiled again on
-    a server's first replay of a bucket with a snapshot plan (2.92 s, logged
-    on 2026-12-07)."""
-    mask = forward_batch.mamba_track_mask
-    if meta.track is None or mask is None:
+    without the track slots). One dtype each, as the GDN/KDA tables take them
+    (live_track_inputs; those of the table-fill kernel's stand-ins for absent
+    inputs), so that capture and replay launch the same compiled kernel: with
+    the extra buffer every batch carries a mask, and before the dtypes were
+    fixed the kernel compiled again on a server's first replay of a bucket with
+    a snapshot plan (2.92 s, logged on 2026-12-07)."""
+    if meta.track is None or forward_batch.mamba_track_mask is None:
         return dict(track_mask=None, track_seq_lens=None, track_slots=None)
-    slots = backend._translate_mamba_indices(forward_batch.mamba_track_indices)
+    track = live_track_inputs(backend, forward_batch)
     return dict(
-        track_mask=mask.to(torch.bool),
-        track_seq_lens=forward_batch.mamba_track_seqlens.to(torch.int64),
-        track_slots=slots.to(torch.int64),
+        track_mask=track.mask, track_seq_lens=track.seq_lens, track_slots=track.slots
     )
