@@ -513,8 +513,8 @@ def mamba2() -> list:
     folder = "gpu/mamba2_2026-12-01b/"
     rows = [
         "",
-        "Mamba2 full prefill graph (H200; the last row: the GDN engine of the "
-        "2026-12-03 block, the same batches):",
+        "Mamba2 full prefill graph (H200 unless a row says otherwise; the GDN "
+        "row: the engine of the 2026-12-03 block, the same batches):",
         "",
         "| check | result |",
         "| --- | --- |",
@@ -568,6 +568,18 @@ def mamba2() -> list:
         "hybrid_gdn_full_prefill_vs_eager_default",
         "hybrid_gdn_full_prefill_wrong_state_default",
     )
+    # The one-slot graphs (MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS), on an H100.
+    key = ("gpu/mamba2_2026-12-07/", "nemotron_h_groups8_extra_buffer")
+    names[key] = (
+        'tiny NemotronH "M-M*-" (bf16, 8 groups), extra buffer, 4 request slots, '
+        "graphs over one slot for token buckets 1024 and 2048, single prompts of "
+        "513-3000 tokens (fresh, on a prefix hit, chunked in two) and two at once "
+        "(2026-12-07, on an H100)"
+    )
+    stems[key] = (
+        f"mamba2_one_slot_graph_vs_eager_{key[1]}",
+        f"mamba2_one_slot_graph_wrong_state_{key[1]}",
+    )
     reports = []
     for (folder, case), label in names.items():
         vs_eager, wrong_state = stems[folder, case]
@@ -576,14 +588,18 @@ def mamba2() -> list:
         diff, mismatches, steps = _steps(report["batches"])
         ties = sum(b["near_tie_splits"] for b in report["batches"])
         top = max(t["max_logprob_diff"] for t in report["first_token_topk"])
+        # Replays per batch; the one-slot report also splits them by graph.
+        replays = report["graph_replays"]
+        if isinstance(replays, dict):
+            replays = replays["mamba2_graph_replay"]
         # The control's batches in the graph run's order: the batches it replayed.
-        replayed = [b for b, n in zip(bad, report["graph_replays"]) if n]
+        replayed = [b for b, n in zip(bad, replays) if n]
         bad_ties = sum(
             not b["mismatches"] and b["near_tie_splits"] > 0 for b in replayed
         )
         rows.append(
             f"| {label}, graph vs eager, {len(report['batches'])} batches "
-            f"({sum(report['graph_replays'])} replays) | greedy logprobs within "
+            f"({sum(replays)} replays) | greedy logprobs within "
             f"{diff:{'.4f' if diff >= 1e-3 else '.1e'}} over {steps} steps, {mismatches} mismatches, {ties} "
             f"near-tie splits; first-token top-{report['first_token_topk'][0]['k']} "
             f"within {top:.4f}; wrong-state control diverges on "
