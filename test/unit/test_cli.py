@@ -574,12 +574,17 @@ def test_the_plan_names_the_request_buckets_of_a_mamba2_full_graph(
     gathered = "request buckets none under DP attention"
     assert (gathered in dp) == buckets_captured
     assert "also have graphs" not in dp
-    # Only buckets above REQUEST_BUCKET_MAX_TOKENS: none; a request pool of two
-    # requests: the runner's slots are two, so one request bucket.
+    # As shipped, sglang's default buckets above REQUEST_BUCKET_MAX_TOKENS up to
+    # 1536 (MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS) have one over one slot.
+    shipped = "; token buckets above 512 up to 1536 also have a graph over 1 request"
+    assert (shipped in full) == buckets_captured
+    # Without those: only buckets above REQUEST_BUCKET_MAX_TOKENS, none; a request
+    # pool of two requests: the runner's slots are two, so one request bucket.
+    monkeypatch.setattr(capability, "MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS", 0)
     large = {"prefill": {"backend": "full", "bs": [1024, 2048]}}
     assert "request buckets" not in plan("--cuda-graph-config", json.dumps(large))
-    # With single-request graphs above the bound (MAMBA2_SINGLE_REQUEST_GRAPH_
-    # MAX_TOKENS, off as shipped), those buckets have one over one slot.
+    # With single-request graphs above the bound, those buckets have one over
+    # one slot.
     monkeypatch.setattr(capability, "MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS", 1024)
     single = (
         "request buckets token buckets above 512 up to 1024 also have a graph over "

@@ -177,12 +177,19 @@ REQUEST_BUCKET_MAX_TOKENS = 512
 # (benchmark/results/gpu/serving_2026-12-04/). Served once at 4096, on an H100
 # with the length bound lifted (benchmark/results/gpu/serving_2026-12-07/): one
 # prompt's median time to first token 33.2-91.5 ms at 768-3072 tokens, 11-16 ms
-# under the 16-slot graph's on an H200 two days before (not a control in one
-# session), below eager's up to 1536 tokens and 4.8-5.2 ms above it at 2048-3072.
-# Off until a tiny engine's graph vs eager with it passes
-# (test_mamba2_full_prefill_graph.py -k one_slot) and a control in one session
-# confirms the gain (test probe GRAPHFIX_PROBE_MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS).
-MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS = 0
+# under the 16-slot graph's on an H200 two days before (across sessions and
+# cards, the slower card the one-slot one's), and against breakable's eager in
+# the same session 26.6 vs 63.3 ms at 512 tokens, 33.2 vs 75.6 at 768, 38.5 vs
+# 62.5 at 1024, 50.2 vs 60.5 at 1536 (the 16-slot graph lost 66.6 vs 61.8 there
+# on the H200), and 4.8-5.2 ms above it at 2048-3072. A tiny NemotronH engine
+# (8 groups, 4 slots, extra buffer) with it equals eager on an H100
+# (benchmark/results/gpu/mamba2_2026-12-07/, tree 6d49bc7): single prompts of
+# 513-3000 tokens (fresh, on a prefix hit, chunked in two) each replayed the
+# one-slot graph, greedy logprobs within 0.0078, and its wrong-state control
+# diverged on all 7 batches. 1536: MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST, above which one
+# request's batch runs eager anyway. The 16-slot control in the same session as
+# the one-slot server has not run (docs/next_gpu_blocks.md). 0: no such graphs.
+MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS = 1536
 
 
 # The captured Mamba2 conv launched over a block table of the batch's (sequence,

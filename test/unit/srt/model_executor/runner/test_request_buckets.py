@@ -278,8 +278,10 @@ def test_request_buckets_hold_the_capture_batchs_requests(runner):
 
 
 def test_buckets_above_the_token_bound_capture_one_graph(runner):
+    # Without the one-slot graphs (MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS: 0).
     bound = capability.REQUEST_BUCKET_MAX_TOKENS
-    PrefillCudaGraphRunner.capture_one_shape(runner, 2 * bound)
+    with mock.patch.object(capability, "MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS", 0):
+        PrefillCudaGraphRunner.capture_one_shape(runner, 2 * bound)
     assert set(runner.backend._graphs) == {ShapeKey(size=2 * bound)}
     assert runner._shape_key(2 * bound, _one_request()) == ShapeKey(size=2 * bound)
 
@@ -356,9 +358,13 @@ def test_single_request_graphs_stop_where_one_request_runs_eager(runner):
         assert set(runner.backend._graphs) == {ShapeKey(size=2 * bound)}
 
 
-def test_single_request_graphs_ship_off():
-    """Off until an H200 serves them (the setting's comment)."""
-    assert capability.MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS == 0
+def test_single_request_graphs_ship_up_to_the_length_bound():
+    """On since a tiny engine's graph vs eager with them passed and a served
+    one-slot graph beat breakable up to 1536 tokens (the setting's comment): as
+    far as MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST, above which a batch of one
+    request runs eager and such a graph would never replay."""
+    assert capability.MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS == 1536
+    assert capability.MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST == 1536
 
 
 def test_request_buckets_ship_on():
