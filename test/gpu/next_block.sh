@@ -12,22 +12,19 @@
 # (docs/next_gpu_blocks.md).
 #
 # mamba2 (the default; issue 16, docs/next_gpu_blocks.md):
-#  PRE. The one-slot graphs (MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS, off as
-#     shipped) on a tiny NemotronH engine against eager, single prompts of
-#     513-3000 tokens, with its wrong-state control (test_mamba2_full_prefill_
-#     graph.py -k one_slot): what shipping them waits for.
-#  1. Nemotron-H-8B's dimensions, full with the length bound lifted (the test
-#     probe's switch: every batch replays the graph) on the 16-slot graphs, and
-#     breakable (eager on this model), one prompt of 512-3072 tokens and four
-#     of 512 or 1024, profiled at 1536 and 2048 tokens: the control for the
-#     one-slot server served on 2026-12-07 (an H100).
-#  2. The same full server with a graph over one request slot for token
-#     buckets up to 4096, profiled at 1536 and 2048 tokens: against step 1 in
-#     the same session; POST diffs its kernels against step 1's full server.
+#  PRE. The no-buffer NemotronH engine's graph vs eager with the table-fill
+#     kernel (on as shipped since 2026-12-05; two blocks' POST ran out of time
+#     before its verdict).
+#  1. Nemotron-H-8B's dimensions as shipped (graphs over one request slot for
+#     token buckets 576-1536 since 2026-12-07, MAMBA2_SINGLE_REQUEST_GRAPH_MAX_
+#     TOKENS; longer prompts routed eager), full and breakable (eager on this
+#     model), one prompt of 512-3072 tokens and four of 512 or 1024, profiled
+#     at 1024 and 1536 tokens; its log must show no Triton compile after start.
+#  2. The control: the same full server without the one-slot graphs (the test
+#     probe's switch), profiled at the same sizes; POST diffs its kernels
+#     against step 1's full server (one_slot_vs_16_kernels.txt).
 #  3. Granite-4.0-H-Micro's layout, full and breakable, bursts and long prompts,
 #     profiled at 1 x 16 and 8 x 64 tokens (the host time before each replay).
-#  POST: then, if the block's time allows, the no-buffer NemotronH engine's graph
-#     vs eager with the table-fill kernel (on as shipped since 2026-12-05).
 #
 # qwen3-next (issue 13; docs/next_gpu_blocks.md says what each block answers):
 #  1. Qwen3-Next-80B-A3B's dimensions (FP8), breakable, full and disabled servers
@@ -84,25 +81,24 @@ done'
 case $block in
   mamba2)
     export PRE_TIMEOUT=${PRE_TIMEOUT:-600} PRE="python3 -m pytest \
-  test/gpu/test_mamba2_full_prefill_graph.py -k one_slot -q -rA -p no:cacheprovider \
-  >\"\$OUT/mamba2_one_slot_engine.log\" 2>&1"
+  test/gpu/test_mamba2_full_prefill_graph.py -k \
+  \"nemotron_h-no_buffer and (matches_eager or replays)\" -q -rA -p no:cacheprovider \
+  >\"\$OUT/mamba2_no_buffer_engine.log\" 2>&1"
     export POST="$POST
-# Step 2's one-slot full server against step 1's 16-slot one, where both
-# summarised (their traces parse); bounded, and kept only when whole.
+# Step 1's full server (one-slot graphs, as shipped) against step 2's (without
+# them), where both summarised (their traces parse); bounded, and kept only when
+# whole.
 both=\"\$OUT/one_slot_vs_16_profile.json\"
 [ -s \"\$OUT/serving_profile.json\" ] && [ -s \"\$OUT/serving_2_profile.json\" ] \
   && timeout 300 python3 benchmark/trace_summary.py \$res/serving/serving_prefill_graph.json \
     \$res/serving_2/serving_prefill_graph.json >\"\$both.partial\" \
   && mv \"\$both.partial\" \"\$both\" \
-  && python3 benchmark/profile_diff.py \"\$both\" --a 'full (serving_2)' --b full \
+  && python3 benchmark/profile_diff.py \"\$both\" --a full --b 'full (serving_2)' \
     --ops kernels >\"\$OUT/one_slot_vs_16_kernels.txt\" 2>&1
-rm -f \"\$both.partial\"
-timeout 300 python3 -m pytest test/gpu/test_mamba2_full_prefill_graph.py -k \
-  \"nemotron_h-no_buffer and (matches_eager or replays)\" -q -rA -p no:cacheprovider \
-  >\"\$OUT/mamba2_no_buffer_engine.log\" 2>&1"
+rm -f \"\$both.partial\""
     steps=(
-      "$probe GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST=100000 --model nemotron-h-8b --context-length 8192 --modes full,breakable --workloads sizes --profile 1_x_1536_tokens,1_x_2048_tokens"
-      "$probe GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST=100000 GRAPHFIX_PROBE_MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS=4096 --model nemotron-h-8b --context-length 8192 --modes full --workloads sizes --profile 1_x_1536_tokens,1_x_2048_tokens"
+      "$probe --model nemotron-h-8b --context-length 8192 --modes full,breakable --workloads sizes --profile 1_x_1024_tokens,1_x_1536_tokens"
+      "$probe GRAPHFIX_PROBE_MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS=0 --model nemotron-h-8b --context-length 8192 --modes full --workloads sizes --profile 1_x_1024_tokens,1_x_1536_tokens"
       "--model granite-4.0-h-micro --modes full,breakable --workloads burst,long --profile 1_x_16_tokens,8_x_64_tokens"
     )
     ;;

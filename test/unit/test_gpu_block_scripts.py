@@ -207,8 +207,8 @@ def test_poll_block_says_when_parts_would_not_come_back(block):
 
 def test_next_block_runs_the_planned_steps_and_summarises_them(block):
     """next_block.sh: the planned serving steps through run_block.sh (the first
-    with the test probe on the path and the full server's length bound lifted),
-    then each report's traces summarised and the servers diffed into
+    two with the test probe on the path, the second without the one-slot
+    graphs), then each report's traces summarised and the servers diffed into
     RES/post."""
     tmp, env = block
     env["PYTHONPATH"] = "/site"
@@ -216,26 +216,27 @@ def test_next_block_runs_the_planned_steps_and_summarises_them(block):
     assert done.returncode == 0, done.stderr
     res = tmp / "res"
     calls = (tmp / "calls.log").read_text().splitlines()
-    # First, alone: the one-slot graphs' engine test (OUT=RES/pre).
+    # First, alone: the no-buffer NemotronH engine test (OUT=RES/pre).
     assert calls[0] == (
-        "pytest -m pytest test/gpu/test_mamba2_full_prefill_graph.py -k one_slot "
-        "-q -rA -p no:cacheprovider"
+        "pytest -m pytest test/gpu/test_mamba2_full_prefill_graph.py -k "
+        "nemotron_h-no_buffer and (matches_eager or replays) -q -rA -p no:cacheprovider"
     )
     assert "pre rc=0" in (res / "progress.log").read_text()
     serving = [c for c in calls if c.startswith("serving")]
     assert serving == [
         "serving [--model nemotron-h-8b --context-length 8192 --modes "
         "full,breakable --workloads sizes --profile "
-        "1_x_1536_tokens,1_x_2048_tokens] FOO=unset",
+        "1_x_1024_tokens,1_x_1536_tokens] FOO=unset",
         "serving [--model nemotron-h-8b --context-length 8192 --modes full "
-        "--workloads sizes --profile 1_x_1536_tokens,1_x_2048_tokens] FOO=unset",
+        "--workloads sizes --profile 1_x_1024_tokens,1_x_1536_tokens] FOO=unset",
         "serving [--model granite-4.0-h-micro --modes full,breakable --workloads "
         "burst,long --profile 1_x_16_tokens,8_x_64_tokens] FOO=unset",
     ]
     first, second, third = (tmp / "calls.log.env").read_text().splitlines()
-    # The one-slot graphs in the second step's server only.
-    assert first == f"env 100000 1 unset {ROOT}/test/gpu/probe:/site"
-    assert second == f"env 100000 1 4096 {ROOT}/test/gpu/probe:/site"
+    # As shipped in the first step's server; without the one-slot graphs in
+    # the second's.
+    assert first == f"env unset 1 unset {ROOT}/test/gpu/probe:/site"
+    assert second == f"env unset 1 0 {ROOT}/test/gpu/probe:/site"
     assert third == "env unset unset unset /site"
     for run in ("serving", "serving_2", "serving_3"):
         report = res / run / "serving_prefill_graph.json"
@@ -252,20 +253,16 @@ def test_next_block_runs_the_planned_steps_and_summarises_them(block):
         diff = f"post benchmark/profile_diff.py {profile} --a full --b breakable"
         assert f"{diff} --ops host_runtime" in calls
         assert (res / "post" / f"{run}_full_vs_breakable_kernels.txt").exists()
-    # The one-slot graphs' full server against the 16-slot one, across reports.
+    # The one-slot graphs' full server against the 16-slot one, across reports,
+    # last.
     reports = [res / r / "serving_prefill_graph.json" for r in ("serving", "serving_2")]
     assert f"post benchmark/trace_summary.py {reports[0]} {reports[1]}" in calls
     both = res / "post" / "one_slot_vs_16_profile.json"
-    assert (
-        f"post benchmark/profile_diff.py {both} --a full (serving_2) --b full "
-        "--ops kernels" in calls
+    assert calls[-1] == (
+        f"post benchmark/profile_diff.py {both} --a full --b full (serving_2) "
+        "--ops kernels"
     )
     assert (res / "post" / "one_slot_vs_16_kernels.txt").exists()
-    # Then the no-buffer NemotronH engine with the table-fill kernel.
-    assert calls[-1] == (
-        "pytest -m pytest test/gpu/test_mamba2_full_prefill_graph.py -k "
-        "nemotron_h-no_buffer and (matches_eager or replays) -q -rA -p no:cacheprovider"
-    )
     assert "post rc=0" in (res / "progress.log").read_text()
     assert (res / "DONE").exists()
 
@@ -360,8 +357,8 @@ def test_a_summary_that_fails_is_not_kept_nor_tried_again(block):
 
 def test_block_steps_runs_the_first_steps_then_post(block):
     """BLOCK_STEPS=N (a session left with less device time than a block): the
-    first N serving steps as planned, then POST (its diffs of what ran, and the
-    engine test); the later steps are not started. Not a number: refused
+    first N serving steps as planned, then POST (its diffs of what ran); the
+    later steps are not started. Not a number: refused
     before anything runs."""
     tmp, env = block
     done = _run("next_block.sh", ["mamba2"], {**env, "BLOCK_STEPS": "2"})
@@ -372,7 +369,7 @@ def test_block_steps_runs_the_first_steps_then_post(block):
     assert serving[0].startswith("serving [--model nemotron-h-8b --context-length 8192")
     assert " --modes full --workloads sizes " in serving[1]
     assert (tmp / "res" / "post" / "one_slot_vs_16_kernels.txt").exists()
-    assert calls[-1].startswith(
+    assert calls[0].startswith(
         "pytest -m pytest test/gpu/test_mamba2_full_prefill_graph.py"
     )
     (tmp / "calls.log").unlink()
