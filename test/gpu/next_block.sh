@@ -12,9 +12,11 @@
 # (docs/next_gpu_blocks.md).
 #
 # mamba2 (the default; issue 16, docs/next_gpu_blocks.md):
-#  PRE. The no-buffer NemotronH engine's graph vs eager with the table-fill
-#     kernel (on as shipped since 2026-12-05; two blocks' POST ran out of time
-#     before its verdict).
+#  PRE. The prefix-cache snapshot kernel (MAMBA2_SNAPSHOT_KERNEL, off as
+#     shipped) compiled: against the torch snapshot, and in the captured extend
+#     against eager (about 2 min); then the no-buffer NemotronH engine's graph vs
+#     eager with the table-fill kernel (on as shipped since 2026-12-05; two
+#     blocks' POST ran out of time before its verdict).
 #  1. Nemotron-H-8B's dimensions as shipped (graphs over one request slot for
 #     token buckets 576-1536 since 2026-12-07, MAMBA2_SINGLE_REQUEST_GRAPH_MAX_
 #     TOKENS; longer prompts routed eager), full and breakable (eager on this
@@ -23,7 +25,9 @@
 #  2. The control: the same full server without the one-slot graphs (the test
 #     probe's switch), profiled at the same sizes; POST diffs its kernels
 #     against step 1's full server (one_slot_vs_16_kernels.txt).
-#  3. Granite-4.0-H-Micro's layout, full and breakable, bursts and long prompts,
+#  3. Step 1's full server with the snapshot kernel (the test probe's switch),
+#     profiled at the same sizes.
+#  4. Granite-4.0-H-Micro's layout, full and breakable, bursts and long prompts,
 #     profiled at 1 x 16 and 8 x 64 tokens (the host time before each replay).
 #
 # qwen3-next (issue 13; docs/next_gpu_blocks.md says what each block answers):
@@ -65,7 +69,7 @@ mkdir -p /tmp/probe
 probe="PYTHONPATH=$PWD/test/gpu/probe:${PYTHONPATH:-} GRAPHFIX_PROBE_DIR=/tmp/probe GRAPHFIX_PROBE_GRAPH_MEMORY=1"
 POST='
 res=${RES:-/tmp/res}
-for run in serving serving_2 serving_3; do
+for run in serving serving_2 serving_3 serving_4; do
   # run_block.sh summarised every report with profiled runs right after its run
   # (its .err says when it could not: not tried again); a report without
   # profiled runs has no traces to diff.
@@ -80,8 +84,10 @@ for run in serving serving_2 serving_3; do
 done'
 case $block in
   mamba2)
-    export PRE_TIMEOUT=${PRE_TIMEOUT:-600} PRE="python3 -m pytest \
-  test/gpu/test_mamba2_full_prefill_graph.py -k \
+    export PRE_TIMEOUT=${PRE_TIMEOUT:-720} PRE="python3 -m pytest \
+  test/gpu/test_masked_state_rows_kernel.py test/gpu/test_mamba2_extend_graph.py \
+  -k snapshot -q -rA -p no:cacheprovider >\"\$OUT/mamba2_snapshot_kernel.log\" 2>&1
+python3 -m pytest test/gpu/test_mamba2_full_prefill_graph.py -k \
   \"nemotron_h-no_buffer and (matches_eager or replays)\" -q -rA -p no:cacheprovider \
   >\"\$OUT/mamba2_no_buffer_engine.log\" 2>&1"
     export POST="$POST
@@ -99,6 +105,7 @@ rm -f \"\$both.partial\""
     steps=(
       "$probe --model nemotron-h-8b --context-length 8192 --modes full,breakable --workloads sizes --profile 1_x_1024_tokens,1_x_1536_tokens"
       "$probe GRAPHFIX_PROBE_MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS=0 --model nemotron-h-8b --context-length 8192 --modes full --workloads sizes --profile 1_x_1024_tokens,1_x_1536_tokens"
+      "$probe GRAPHFIX_PROBE_MAMBA2_SNAPSHOT_KERNEL=1 --model nemotron-h-8b --context-length 8192 --modes full --workloads sizes --profile 1_x_1024_tokens,1_x_1536_tokens"
       "--model granite-4.0-h-micro --modes full,breakable --workloads burst,long --profile 1_x_16_tokens,8_x_64_tokens"
     )
     ;;

@@ -31,25 +31,42 @@ def run_case():
 
 
 @pytest.mark.parametrize(
-    "conv_block_table, table_fill_kernel",
-    [(False, False), (True, False), (True, True), (False, True)],
-    ids=["", "conv_table", "conv_table_fill_kernel", "fill_kernel"],
+    "conv_block_table, table_fill_kernel, snapshot_kernel",
+    [
+        (False, False, False),
+        (True, False, False),
+        (True, True, False),
+        (False, True, False),
+        (False, True, True),
+    ],
+    ids=["", "conv_table", "conv_table_fill_kernel", "fill_kernel", "snapshot_kernel"],
 )
 @pytest.mark.parametrize("seed", range(CASES))
 def test_replayed_graph_equals_the_eager_extend(
-    run_case, seed, conv_block_table, table_fill_kernel, monkeypatch
+    run_case, seed, conv_block_table, table_fill_kernel, snapshot_kernel, monkeypatch
 ):
     """Also with the conv launched on the bucket's block table
     (MAMBA2_CONV_BLOCK_TABLE, off as shipped): the same numbers either way, so the
-    kernel's launches are recorded to show which one ran; and with the tables
+    kernel's launches are recorded to show which one ran; with the tables
     refilled by sgl-kernel's one-launch fill (MAMBA2_TABLE_FILL_KERNEL, on as
-    shipped) instead of the torch ops."""
+    shipped) instead of the torch ops; and with the prefix-cache snapshot in
+    sgl-kernel's one launch (MAMBA2_SNAPSHOT_KERNEL, off as shipped)."""
     import sglang.kernels.ops.mamba.causal_conv1d_triton as triton_conv
     from sglang_graphfix.srt import full_prefill_graph_capability as capability
     from sglang_graphfix.srt.layers.attention.mamba import mamba2_prefill_graph
+    from sglang_graphfix_kernel import masked_state_rows
 
     monkeypatch.setattr(capability, "MAMBA2_CONV_BLOCK_TABLE", conv_block_table)
     monkeypatch.setattr(capability, "MAMBA2_TABLE_FILL_KERNEL", table_fill_kernel)
+    monkeypatch.setattr(capability, "MAMBA2_SNAPSHOT_KERNEL", snapshot_kernel)
+    snapshot, snapshots = masked_state_rows._snapshot_state_rows, []
+
+    class CountedSnapshot:
+        def __getitem__(self, grid):
+            snapshots.append(grid)
+            return snapshot[grid]
+
+    monkeypatch.setattr(masked_state_rows, "_snapshot_state_rows", CountedSnapshot())
     kernel_fills, fill = [], mamba2_prefill_graph.fill_mamba2_prefill_tables
 
     def counted_fill(*args, **kwargs):
@@ -77,6 +94,8 @@ def test_replayed_graph_equals_the_eager_extend(
     # the switch is on.
     assert False in flags and (True in flags) is conv_block_table, flags
     assert bool(kernel_fills) is table_fill_kernel  # the one-launch fill ran
+    # The snapshot kernel ran exactly when switched on and the bucket has track rows.
+    assert bool(snapshots) is (snapshot_kernel and result["track_tables"]), snapshots
     assert result["finite"], result
     assert max(result[k] for k in ("out", "conv_pool", "ssm_pool")) < TOLERANCE, result
 

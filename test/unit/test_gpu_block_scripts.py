@@ -30,7 +30,8 @@ if [ "$1" = benchmark/serving_prefill_graph.py ]; then
   echo "serving [$*] FOO=${FOO:-unset}" >>"$BLOCK_CALLS"
   echo "env ${GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST:-unset}" \
     "${GRAPHFIX_PROBE_GRAPH_MEMORY:-unset}" \
-    "${GRAPHFIX_PROBE_MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS:-unset} $PYTHONPATH" \
+    "${GRAPHFIX_PROBE_MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS:-unset}" \
+    "${GRAPHFIX_PROBE_MAMBA2_SNAPSHOT_KERNEL:-unset} $PYTHONPATH" \
     >>"$BLOCK_CALLS.env"
   mkdir -p "$OUT/logs"
   case " $* " in
@@ -216,11 +217,14 @@ def test_next_block_runs_the_planned_steps_and_summarises_them(block):
     assert done.returncode == 0, done.stderr
     res = tmp / "res"
     calls = (tmp / "calls.log").read_text().splitlines()
-    # First, alone: the no-buffer NemotronH engine test (OUT=RES/pre).
-    assert calls[0] == (
+    # First, alone (OUT=RES/pre): the snapshot kernel's GPU tests, then the
+    # no-buffer NemotronH engine test.
+    assert calls[:2] == [
+        "pytest -m pytest test/gpu/test_masked_state_rows_kernel.py "
+        "test/gpu/test_mamba2_extend_graph.py -k snapshot -q -rA -p no:cacheprovider",
         "pytest -m pytest test/gpu/test_mamba2_full_prefill_graph.py -k "
-        "nemotron_h-no_buffer and (matches_eager or replays) -q -rA -p no:cacheprovider"
-    )
+        "nemotron_h-no_buffer and (matches_eager or replays) -q -rA -p no:cacheprovider",
+    ]
     assert "pre rc=0" in (res / "progress.log").read_text()
     serving = [c for c in calls if c.startswith("serving")]
     assert serving == [
@@ -229,23 +233,26 @@ def test_next_block_runs_the_planned_steps_and_summarises_them(block):
         "1_x_1024_tokens,1_x_1536_tokens] FOO=unset",
         "serving [--model nemotron-h-8b --context-length 8192 --modes full "
         "--workloads sizes --profile 1_x_1024_tokens,1_x_1536_tokens] FOO=unset",
+        "serving [--model nemotron-h-8b --context-length 8192 --modes full "
+        "--workloads sizes --profile 1_x_1024_tokens,1_x_1536_tokens] FOO=unset",
         "serving [--model granite-4.0-h-micro --modes full,breakable --workloads "
         "burst,long --profile 1_x_16_tokens,8_x_64_tokens] FOO=unset",
     ]
-    first, second, third = (tmp / "calls.log.env").read_text().splitlines()
+    first, second, third, fourth = (tmp / "calls.log.env").read_text().splitlines()
     # As shipped in the first step's server; without the one-slot graphs in
-    # the second's.
-    assert first == f"env unset 1 unset {ROOT}/test/gpu/probe:/site"
-    assert second == f"env unset 1 0 {ROOT}/test/gpu/probe:/site"
-    assert third == "env unset unset unset /site"
-    for run in ("serving", "serving_2", "serving_3"):
+    # the second's; with the snapshot kernel in the third's.
+    assert first == f"env unset 1 unset unset {ROOT}/test/gpu/probe:/site"
+    assert second == f"env unset 1 0 unset {ROOT}/test/gpu/probe:/site"
+    assert third == f"env unset 1 unset 1 {ROOT}/test/gpu/probe:/site"
+    assert fourth == "env unset unset unset unset /site"
+    for run in ("serving", "serving_2", "serving_3", "serving_4"):
         report = res / run / "serving_prefill_graph.json"
         # Summarised once, right after its serving run (before the next one):
         # POST finds the summary and diffs it.
         summary = calls.index(f"post benchmark/trace_summary.py {report}")
         assert calls.count(calls[summary]) == 1
         assert calls[summary - 1].startswith("serving [") and (
-            run == "serving_3" or calls[summary + 1].startswith("serving [")
+            run == "serving_4" or calls[summary + 1].startswith("serving [")
         )
         profile = res / "post" / f"{run}_profile.json"
         assert profile.read_text() == "{}\n"
@@ -287,8 +294,8 @@ def test_next_block_qwen3_next_serves_issue_13s_runs(block):
         "burst --quick -- --chunked-prefill-size 512] FOO=unset",
     ]
     assert (tmp / "calls.log.env").read_text().splitlines() == [
-        f"env unset 1 unset {ROOT}/test/gpu/probe:/site",
-        "env unset unset unset /site",
+        f"env unset 1 unset unset {ROOT}/test/gpu/probe:/site",
+        "env unset unset unset unset /site",
     ]
     profile = res / "post" / "serving_profile.json"
     diff = f"post benchmark/profile_diff.py {profile} --a full --b disabled"
@@ -339,7 +346,7 @@ def test_a_summary_that_fails_is_not_kept_nor_tried_again(block):
     done = _run("next_block.sh", ["mamba2"], env)
     assert done.returncode == 0, done.stderr
     post = tmp / "res" / "post"
-    for run in ("serving", "serving_2", "serving_3"):
+    for run in ("serving", "serving_2", "serving_3", "serving_4"):
         assert not (post / f"{run}_profile.json").exists()
         assert not (post / f"{run}_profile.partial").exists()
         assert "no trace" in (post / f"{run}_profile.err").read_text()
@@ -347,7 +354,7 @@ def test_a_summary_that_fails_is_not_kept_nor_tried_again(block):
     summaries = [c for c in calls if "trace_summary.py" in c]
     # Once per run; not the mamba2 block's summary across two reports, whose
     # traces did not parse.
-    assert len(summaries) == 3 and all(c.count(".json") == 1 for c in summaries)
+    assert len(summaries) == 4 and all(c.count(".json") == 1 for c in summaries)
     assert not (post / "one_slot_vs_16_profile.json").exists()
     assert not (post / "one_slot_vs_16_profile.json.partial").exists()
     assert not [c for c in calls if "profile_diff.py" in c]
@@ -370,7 +377,7 @@ def test_block_steps_runs_the_first_steps_then_post(block):
     assert " --modes full --workloads sizes " in serving[1]
     assert (tmp / "res" / "post" / "one_slot_vs_16_kernels.txt").exists()
     assert calls[0].startswith(
-        "pytest -m pytest test/gpu/test_mamba2_full_prefill_graph.py"
+        "pytest -m pytest test/gpu/test_masked_state_rows_kernel.py"
     )
     (tmp / "calls.log").unlink()
     done = _run("next_block.sh", ["qwen3-next"], {**env, "BLOCK_STEPS": "1"})

@@ -228,6 +228,22 @@ MAMBA2_CONV_BLOCK_TABLE = False
 # no launch count; the no-buffer engine not run). The host time it saves is not
 # measured served. False: the torch fills.
 MAMBA2_TABLE_FILL_KERNEL = True
+# A Mamba2 full graph's prefix-cache snapshot in one launch a layer
+# (sglang_graphfix_kernel.masked_state_rows.snapshot_state_rows) instead of about
+# nine torch ops (two index gathers, two compares, two selects over whole states
+# and a scatter) over every track row, filler rows included, which also write
+# whole states into the padding slot. Profiled at Nemotron-H-8B's dimensions on
+# an H100 (benchmark/results/gpu/serving_2026-12-07/, one prompt of 2048 tokens,
+# one track row): those ops are most of the graph's 378 device ops more than
+# eager's and of the about 1.4 ms of state handling around its 24 Mamba2 layers;
+# a K-row bucket moves K times the states (K = 16 from 2048 tokens on 16 slots).
+# Equal to the torch snapshot in Triton's CPU interpreter (test/unit/sgl_kernel/
+# test_masked_state_rows.py; and the backend's captured extend with it,
+# test/unit/srt/layers/attention/mamba/test_mamba2_prefill_graph.py), not yet run
+# on a GPU: off until test_mamba2_extend_graph.py -k snapshot_kernel passes and a
+# served full graph with it (test probe GRAPHFIX_PROBE_MAMBA2_SNAPSHOT_KERNEL) is
+# not slower. False: the torch ops.
+MAMBA2_SNAPSHOT_KERNEL = False
 
 
 def mamba2_request_buckets(

@@ -14,6 +14,11 @@ real requests.
   to ``rows``' dtype); padding rows of ``rows`` are left as they were.
 - ``scatter_state_rows(pool, slots, rows)``: ``pool[slots[r]] = rows[r]`` (cast
   to the pool's dtype); padding rows write nothing.
+- ``snapshot_state_rows(pool, dst, mode, ...)``: a captured Mamba2 extend's
+  prefix-cache snapshot, one launch a layer: per track row, by its mode, the
+  request's post-extend state from the pool, a chunk-grid state or a recomputed
+  one, written to the row's track slot; an untracked row (a filler) moves
+  nothing.
 
 ``pool`` may have any slot stride (sglang's pools can be views into a larger
 buffer), but each slot must be contiguous; ``rows`` is contiguous. Off CUDA (the
@@ -51,6 +56,85 @@ def _copy_state_rows(
     else:
         val = tl.load(rows_at, mask=mask)
         tl.store(pool_at, val.to(pool_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _snapshot_state_rows(
+    pool_ptr, dst_ptr, mode_ptr, cache_slots_ptr, src_ptr, grid_ptr, grid_rows_ptr,
+    rec_ptr, pool_slot_stride, grid_row_stride, rec_row_stride, row_numel,
+    FINAL: tl.constexpr, GRID: tl.constexpr, RECOMPUTE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    mode = tl.load(mode_ptr + row)
+    if (mode != FINAL) & (mode != GRID) & (mode != RECOMPUTE):
+        return  # an untracked row: no load, no store
+    offs = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < row_numel
+    out = pool_ptr.dtype.element_ty
+    if mode == FINAL:
+        slot = tl.load(cache_slots_ptr + tl.load(src_ptr + row)).to(tl.int64)
+        val = tl.load(pool_ptr + slot * pool_slot_stride + offs, mask=mask).to(out)
+    elif mode == GRID:
+        at = tl.load(grid_rows_ptr + row).to(tl.int64)
+        val = tl.load(grid_ptr + at * grid_row_stride + offs, mask=mask).to(out)
+    else:
+        val = tl.load(rec_ptr + row * rec_row_stride + offs, mask=mask).to(out)
+    dst = tl.load(dst_ptr + row).to(tl.int64)
+    tl.store(pool_ptr + dst * pool_slot_stride + offs, val, mask=mask)
+
+
+def snapshot_state_rows(
+    pool: torch.Tensor,
+    dst: torch.Tensor,
+    mode: torch.Tensor,
+    *,
+    cache_slots: torch.Tensor,
+    src: torch.Tensor,
+    grid: torch.Tensor,
+    grid_rows: torch.Tensor,
+    recomputed: torch.Tensor,
+    modes: tuple[int, int, int],
+) -> None:
+    """For every track row ``k`` whose ``mode[k]`` is one of ``modes`` (final,
+    grid, recompute): ``pool[dst[k]] =`` ``pool[cache_slots[src[k]]]`` (final),
+    ``grid[grid_rows[k]]`` (grid) or ``recomputed[k]`` (recompute), cast to the
+    pool's dtype; other rows write nothing. The track slots ``dst`` must not be
+    a final row's source slot (sglang's track slots are the requests' extra
+    buffer slots): the rows are copied in parallel."""
+    K, state = dst.shape[0], pool.shape[1:]
+    if (
+        mode.shape != (K,) or src.shape != (K,) or grid_rows.shape != (K,)
+        or recomputed.shape != (K, *state) or grid.shape[1:] != state
+    ):  # fmt: skip
+        raise ValueError(
+            f"track rows {tuple(dst.shape)} (mode {tuple(mode.shape)}, src "
+            f"{tuple(src.shape)}, grid rows {tuple(grid_rows.shape)}, recomputed "
+            f"{tuple(recomputed.shape)}, grid {tuple(grid.shape)}) do not match the "
+            f"pool {tuple(pool.shape)}"
+        )
+    for name, t in (("pool", pool), ("grid", grid), ("recomputed", recomputed)):
+        if not t[:1].is_contiguous():
+            raise ValueError(f"each {name} row must be contiguous")
+    if pool.device.type == "cpu" and not _interpreting():
+        final, on_grid, recompute = modes
+        for m, rows in (
+            (final, pool[cache_slots.to(torch.int64)[src]]),
+            (on_grid, grid[grid_rows]),
+            (recompute, recomputed),
+        ):
+            picked = mode == m
+            pool[dst[picked]] = rows[picked].to(pool.dtype)
+        return
+    if K == 0:
+        return
+    row_numel = pool[0].numel()
+    final, on_grid, recompute = modes
+    _snapshot_state_rows[(K, triton.cdiv(row_numel, _BLOCK))](
+        pool, dst, mode, cache_slots, src, grid, grid_rows, recomputed,
+        pool.stride(0), grid.stride(0), recomputed.stride(0), row_numel,
+        FINAL=final, GRID=on_grid, RECOMPUTE=recompute, BLOCK=_BLOCK, num_warps=8,
+    )  # fmt: skip
 
 
 def gather_state_rows(

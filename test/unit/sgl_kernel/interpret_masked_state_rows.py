@@ -1,6 +1,7 @@
 """Runs test/masked_state_rows_cases.py's random tables through sgl-kernel's
-masked state-row gather and scatter in Triton's CPU interpreter and prints one
-JSON line per case: what differs from the torch reference. A script, not a
+masked state-row gather and scatter, and its snapshot of track rows
+(make_snapshot_case), in Triton's CPU interpreter and prints one JSON line per
+case and op: what differs from the torch reference. A script, not a
 test: TRITON_INTERPRET must be set before triton is first imported
 (test_masked_state_rows.py runs it in a subprocess)."""
 
@@ -26,3 +27,8 @@ if __name__ == "__main__":
             json.dumps({**row, "mismatches": cases.mismatches(case, interpreted=True)}),
             flush=True,
         )
+        case = cases.make_snapshot_case(seed)
+        row = {k: case[k] for k in ("seed", "rows", "modes", "strided")}
+        row["dtype"] = str(case["pool"].dtype)
+        bad = cases.snapshot_mismatches(case, interpreted=True)
+        print(json.dumps({**row, "snapshot": True, "mismatches": bad}), flush=True)

@@ -41,9 +41,11 @@ from sglang_graphfix.srt.layers.attention.linear.short_conv_backend import (
 from sglang_graphfix.srt.layers.attention.mamba.mamba2_prefill_graph import (
     TRACK_FINAL_STATE,
     TRACK_GRID_STATE,
+    TRACK_RECOMPUTE_STATE,
     Mamba2FullGraphMetadata,
     full_prefill_graph_metadata,
 )
+from sglang_graphfix_kernel.masked_state_rows import snapshot_state_rows
 
 
 # What:    Wraps HybridLinearAttnBackend.init_forward_metadata_out_graph for a
@@ -199,7 +201,9 @@ def prepare_mamba2_full_prefill_graph_metadata(
 #          packed first, mode per row): the post-extend state (mode final), the
 #          chunk-grid state h[h_src] (grid) or the recomputed state (recompute,
 #          the SSD's row), written to its track slot; filler rows write the
-#          reserved padding slot 0. A bucket without track rows (under one
+#          reserved padding slot 0 (with MAMBA2_SNAPSHOT_KERNEL, one launch of
+#          sgl-kernel's snapshot_state_rows instead, whose filler rows write
+#          nothing). A bucket without track rows (under one
 #          mamba cache chunk: sglang tracks no request there, checked on the
 #          host at replay) copies nothing. Any other metadata takes the
 #          upstream path.
@@ -216,6 +220,14 @@ def snapshot_mamba2_states_on_graph_tables(
     if track is None:
         return
     track_states = kwargs.get("track_states", args[0] if args else None)
+    if capability.MAMBA2_SNAPSHOT_KERNEL:
+        snapshot_state_rows(
+            ssm_states, track.dst, track.mode,
+            cache_slots=forward_metadata.tables.cache_indices, src=track.src,
+            grid=h[0], grid_rows=track.h_src, recomputed=track_states[0],
+            modes=(TRACK_FINAL_STATE, TRACK_GRID_STATE, TRACK_RECOMPUTE_STATE),
+        )  # fmt: skip
+        return
     slots = forward_metadata.tables.cache_indices.to(torch.int64)[track.src]
 
     def rows(mode):

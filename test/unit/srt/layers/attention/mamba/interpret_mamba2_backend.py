@@ -1,6 +1,7 @@
 """Runs test/mamba2_backend_cases.py's comparison (Mamba2AttnBackend.forward ->
 MambaMixer2.forward, eager vs as the full prefill graph runs it) with sglang's
-Triton kernels in the CPU interpreter, and prints one JSON line per case. A
+Triton kernels in the CPU interpreter, and prints one JSON line per case (also
+with MAMBA2_SNAPSHOT_KERNEL on, for SNAPSHOT_KERNEL_SEEDS). A
 script, not a test: TRITON_INTERPRET must be set before triton is first imported
 (test_mamba2_prefill_graph.py runs it in a subprocess)."""
 
@@ -45,6 +46,33 @@ for module in (ssd_bmm, ssd_chunk_scan, ssd_chunk_state, ssd_state_passing):
 mamba.causal_conv1d_fn_triton = causal_conv1d_triton.causal_conv1d_fn
 mamba.causal_conv1d_fn = causal_conv1d.causal_conv1d_fn
 
+
+def with_snapshot_kernel(seed):
+    """Case ``seed`` with MAMBA2_SNAPSHOT_KERNEL on, counting the snapshot
+    kernel's launches (in the interpreter: the kernel, not its torch path)."""
+    from sglang_graphfix.srt import full_prefill_graph_capability as capability
+    from sglang_graphfix_kernel import masked_state_rows
+
+    assert masked_state_rows._interpreting()
+    kernel, launches = masked_state_rows._snapshot_state_rows, []
+
+    class Counted:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return kernel[grid]
+
+    capability.MAMBA2_SNAPSHOT_KERNEL, masked_state_rows._snapshot_state_rows = (
+        True,
+        Counted(),
+    )
+    try:
+        result = run_case(seed)
+    finally:
+        capability.MAMBA2_SNAPSHOT_KERNEL = False
+        masked_state_rows._snapshot_state_rows = kernel
+    return {**result, "snapshot_kernel_launches": len(launches)}
+
+
 if __name__ == "__main__":
     seeds = [int(a) for a in sys.argv[1:]] or range(int(os.environ.get("CASES", 12)))
     runs = [(seed, "") for seed in seeds]
@@ -52,3 +80,6 @@ if __name__ == "__main__":
         runs += [(seed, m) for m, seed in MUTATIONS.items()]
     for seed, mutate in runs:
         print(json.dumps(run_case(seed, mutate)), flush=True)
+    # MAMBA2_SNAPSHOT_KERNEL's seeds (comma-separated), after the others.
+    for seed in filter(None, os.environ.get("SNAPSHOT_KERNEL_SEEDS", "").split(",")):
+        print(json.dumps(with_snapshot_kernel(int(seed))), flush=True)

@@ -197,9 +197,17 @@ BACKEND_CASES = 16
 BACKEND_DIFFS = ("out", "conv_pool", "ssm_pool")
 
 
+# Seeds run again with MAMBA2_SNAPSHOT_KERNEL on: fillers only (0), final
+# (3, 10: on 3 and 8 slots), grid (7) and recompute (14) snapshot rows.
+SNAPSHOT_KERNEL_SEEDS = (0, 3, 7, 10, 14)
+
+
 @pytest.fixture(scope="module")
 def through_the_backend():
-    return run_interpreted(BACKEND_SCRIPT, timeout=1500, CASES=str(BACKEND_CASES))
+    return run_interpreted(
+        BACKEND_SCRIPT, timeout=1500, CASES=str(BACKEND_CASES),
+        SNAPSHOT_KERNEL_SEEDS=",".join(map(str, SNAPSHOT_KERNEL_SEEDS)),
+    )  # fmt: skip
 
 
 def test_captured_mamba2_extend_equals_sglangs_eager_extend(through_the_backend):
@@ -212,7 +220,11 @@ def test_captured_mamba2_extend_equals_sglangs_eager_extend(through_the_backend)
     through the Triton conv (NemotronH, Granite) and the conv wrapper
     (Falcon-H1), with and without track tables, in every snapshot mode, on graphs
     over all request slots and over request buckets."""
-    plain = [r for r in through_the_backend if not r["mutate"]]
+    plain = [
+        r
+        for r in through_the_backend
+        if not r["mutate"] and "snapshot_kernel_launches" not in r
+    ]
     assert len(plain) == BACKEND_CASES
     assert any(r["prefix"] for r in plain) and any(r["tracked"] for r in plain)
     assert any(r["requests"] < r["slots"] for r in plain)
@@ -242,3 +254,27 @@ def test_wrong_graph_metadata_changes_the_backends_results(through_the_backend):
         "snapshots-dropped",
     }
     assert all(d > 0.1 for d in mutated.values()), mutated
+
+
+def test_snapshot_kernel_in_the_captured_extend_equals_sglangs_eager_extend(
+    through_the_backend,
+):
+    """With MAMBA2_SNAPSHOT_KERNEL on, the same comparison (the patched
+    _track_mamba_state_extend launching sgl-kernel's snapshot_state_rows, in
+    the warm-up forward on the capture batch and in the replayed one): every
+    snapshot mode and a plan of fillers
+    only, the outputs and pools (the padding slot aside, which the kernel's
+    fillers leave alone) equal to the eager extend's."""
+    runs = {
+        r["seed"]: r for r in through_the_backend if "snapshot_kernel_launches" in r
+    }
+    assert set(runs) == set(SNAPSHOT_KERNEL_SEEDS)
+    modes = {m for r in runs.values() for m in r["modes"]}
+    assert {TRACK_FINAL_STATE, TRACK_GRID_STATE, TRACK_RECOMPUTE_STATE} <= modes
+    assert all(r["snapshot_kernel_launches"] == 2 for r in runs.values()), runs
+    bad = [
+        r
+        for r in runs.values()
+        if not r["finite"] or max(r[k] for k in BACKEND_DIFFS) > 1e-5
+    ]
+    assert not bad, bad
