@@ -573,8 +573,8 @@ def mamba2() -> list:
     names[key] = (
         'tiny NemotronH "M-M*-" (bf16, 8 groups), extra buffer, 4 request slots, '
         "graphs over one slot for token buckets 1024 and 2048, single prompts of "
-        "513-3000 tokens (fresh, on a prefix hit, chunked in two) and two at once "
-        "(2026-12-07, on an H100)"
+        "513-3000 tokens (fresh, on a prefix hit, chunked in two), two at once and "
+        "one of 300 (request bucket 1) (2026-12-07, on an H100)"
     )
     stems[key] = (
         f"mamba2_one_slot_graph_vs_eager_{key[1]}",
@@ -906,8 +906,8 @@ def render() -> str:
             "servers one after the other): full with the length bound lifted and "
             "the one-slot tier on (the test probe's "
             "GRAPHFIX_PROBE_MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST=100000 and "
-            "GRAPHFIX_PROBE_MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS=4096; off as "
-            "shipped) against breakable (eager on this model); the control without "
+            "GRAPHFIX_PROBE_MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS=4096; then off "
+            "as shipped, on up to 1536 since 2026-12-07) against breakable (eager on this model); the control without "
             "the tier did not run in that session. ",
         )
         + serving(

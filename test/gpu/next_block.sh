@@ -16,12 +16,13 @@
 #     shipped) compiled: against the torch snapshot, and in the captured extend
 #     against eager (about 2 min); then the no-buffer NemotronH engine's graph vs
 #     eager with the table-fill kernel (on as shipped since 2026-12-05; two
-#     blocks' POST ran out of time before its verdict).
+#     blocks ran out of time before its verdict).
 #  1. Nemotron-H-8B's dimensions as shipped (graphs over one request slot for
 #     token buckets 576-1536 since 2026-12-07, MAMBA2_SINGLE_REQUEST_GRAPH_MAX_
 #     TOKENS; longer prompts routed eager), full and breakable (eager on this
 #     model), one prompt of 512-3072 tokens and four of 512 or 1024, profiled
-#     at 1024 and 1536 tokens; its log must show no Triton compile after start.
+#     at 1024 and 1536 tokens; its log must show no Triton compile after start
+#     (POST: full_late_compiles.txt).
 #  2. The control: the same full server without the one-slot graphs (the test
 #     probe's switch), profiled at the same sizes; POST diffs its kernels
 #     against step 1's full server (one_slot_vs_16_kernels.txt).
@@ -101,7 +102,10 @@ both=\"\$OUT/one_slot_vs_16_profile.json\"
   && mv \"\$both.partial\" \"\$both\" \
   && python3 benchmark/profile_diff.py \"\$both\" --a full --b 'full (serving_2)' \
     --ops kernels >\"\$OUT/one_slot_vs_16_kernels.txt\" 2>&1
-rm -f \"\$both.partial\""
+rm -f \"\$both.partial\"
+# Triton kernels the full servers compiled after start-up (sglang's load watch).
+grep -h 'to compile after serving started' \$res/serving*/logs/server_full.log \
+  >\"\$OUT/full_late_compiles.txt\" 2>/dev/null || true"
     steps=(
       "$probe --model nemotron-h-8b --context-length 8192 --modes full,breakable --workloads sizes --profile 1_x_1024_tokens,1_x_1536_tokens"
       "$probe GRAPHFIX_PROBE_MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS=0 --model nemotron-h-8b --context-length 8192 --modes full --workloads sizes --profile 1_x_1024_tokens,1_x_1536_tokens"

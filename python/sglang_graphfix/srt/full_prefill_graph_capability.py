@@ -179,8 +179,8 @@ REQUEST_BUCKET_MAX_TOKENS = 512
 # prompt's median time to first token 33.2-91.5 ms at 768-3072 tokens, 11-16 ms
 # under the 16-slot graph's on an H200 two days before (across sessions and
 # cards, the slower card the one-slot one's), and against breakable's eager in
-# the same session 26.6 vs 63.3 ms at 512 tokens, 33.2 vs 75.6 at 768, 38.5 vs
-# 62.5 at 1024, 50.2 vs 60.5 at 1536 (the 16-slot graph lost 66.6 vs 61.8 there
+# the same session 33.2 vs 75.6 ms at 768 tokens, 38.5 vs 62.5 at 1024, 50.2 vs
+# 60.5 at 1536 (the 16-slot graph lost 66.6 vs 61.8 there
 # on the H200), and 4.8-5.2 ms above it at 2048-3072. A tiny NemotronH engine
 # (8 groups, 4 slots, extra buffer) with it equals eager on an H100
 # (benchmark/results/gpu/mamba2_2026-12-07/, tree 6d49bc7): single prompts of
