@@ -125,7 +125,9 @@ def make_snapshot_case(seed, *, device="cpu"):
     tracked = mode != NONE
     dst[tracked] = 6 + torch.randperm(6, generator=g)[: int(tracked.sum())]
     dtype = (torch.float32, torch.bfloat16)[seed % 2]
-    base = torch.randn(POOL_SLOTS, 2, *STATE, generator=g).to(dtype)
+    # On the device before the views: a strided view moved there would come
+    # out contiguous (and other_layer a copy, not the pool's neighbour).
+    base = torch.randn(POOL_SLOTS, 2, *STATE, generator=g).to(dtype).to(device)
     strided = seed % 3 == 1
     pool = base[:, 1] if strided else base[:, 1].contiguous()
     pool[0] = 0  # the reserved padding slot
@@ -134,10 +136,10 @@ def make_snapshot_case(seed, *, device="cpu"):
         "rows": k,
         "modes": sorted(set(mode.tolist())),
         "strided": strided,
-        "pool": pool.to(device),
-        "other_layer": base[:, 0].to(device),
+        "pool": pool,
+        "other_layer": base[:, 0],
         "dst": dst.to(device),
-        "mode": mode.to(device),
+        "mode": mode.int().to(device),  # int32, as the track plan's
         "cache_slots": cache_slots.int().to(device),
         "src": src.to(device),
         "grid": torch.randn(GRID_ROWS, *STATE, generator=g).to(device),
