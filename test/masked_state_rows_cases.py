@@ -21,6 +21,20 @@ POOL_SLOTS = 12
 STATE = (3, 40, 50)  # 6000 elements: two 4096-element programs, the second a tail
 
 
+def _pool(seed, g, device):
+    """A pool of POOL_SLOTS slots, fp32 or bf16 by the seed's parity, its
+    padding slot zero; one seed in three a slot-strided view (one layer of a
+    [slots, 2, ...] buffer, as sglang's envelope-strided pools can be), with
+    the neighbouring layer beside it. Made on the device before the view: a
+    strided view moved there would come out contiguous."""
+    dtype = (torch.float32, torch.bfloat16)[seed % 2]
+    base = torch.randn(POOL_SLOTS, 2, *STATE, generator=g).to(dtype).to(device)
+    strided = seed % 3 == 1
+    pool = base[:, 1] if strided else base[:, 1].contiguous()
+    pool[0] = 0  # the reserved padding slot
+    return pool, base[:, 0], strided
+
+
 def make_case(seed, *, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     rows = int(torch.randint(1, 9, (1,), generator=g))
@@ -28,13 +42,7 @@ def make_case(seed, *, device="cpu"):
     slots = torch.full((rows,), -1, dtype=torch.int32)
     where = torch.randperm(rows, generator=g)[:real]
     slots[where] = (torch.randperm(POOL_SLOTS - 1, generator=g)[:real] + 1).int()
-    dtype = (torch.float32, torch.bfloat16)[seed % 2]
-    base = torch.randn(POOL_SLOTS, 2, *STATE, generator=g).to(dtype).to(device)
-    # One seed in three: the pool is a slot-strided view (one layer of a
-    # [slots, 2, ...] buffer), as sglang's envelope-strided pools can be.
-    strided = seed % 3 == 1
-    pool = base[:, 1] if strided else base[:, 1].contiguous()
-    pool[0] = 0  # the reserved padding slot
+    pool, other_layer, strided = _pool(seed, g, device)
     return {
         "seed": seed,
         "rows": rows,
@@ -42,7 +50,7 @@ def make_case(seed, *, device="cpu"):
         "strided": strided,
         "slots": slots.to(device),
         "pool": pool,
-        "other_layer": base[:, 0],
+        "other_layer": other_layer,
         "values": torch.randn(rows, *STATE, generator=g).to(device),
     }
 
@@ -124,20 +132,14 @@ def make_snapshot_case(seed, *, device="cpu"):
     dst = torch.zeros(k, dtype=torch.int64)
     tracked = mode != NONE
     dst[tracked] = 6 + torch.randperm(6, generator=g)[: int(tracked.sum())]
-    dtype = (torch.float32, torch.bfloat16)[seed % 2]
-    # On the device before the views: a strided view moved there would come
-    # out contiguous (and other_layer a copy, not the pool's neighbour).
-    base = torch.randn(POOL_SLOTS, 2, *STATE, generator=g).to(dtype).to(device)
-    strided = seed % 3 == 1
-    pool = base[:, 1] if strided else base[:, 1].contiguous()
-    pool[0] = 0  # the reserved padding slot
+    pool, other_layer, strided = _pool(seed, g, device)
     return {
         "seed": seed,
         "rows": k,
         "modes": sorted(set(mode.tolist())),
         "strided": strided,
         "pool": pool,
-        "other_layer": base[:, 0],
+        "other_layer": other_layer,
         "dst": dst.to(device),
         "mode": mode.int().to(device),  # int32, as the track plan's
         "cache_slots": cache_slots.int().to(device),
