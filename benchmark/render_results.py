@@ -859,6 +859,9 @@ SERVING_NEMOTRON_H_SIZES = (
 SERVING_NEMOTRON_H_ONE_SLOT = (
     "gpu/serving_2026-12-07/nemotron_h_8b_one_slot/serving_prefill_graph.json"
 )
+SERVING_NEMOTRON_H_AS_SHIPPED = (
+    "gpu/serving_2026-12-07b/nemotron_h_8b_as_shipped/serving_prefill_graph.json"
+)
 SERVING_FALCON_H1_REQUEST_BUCKETS = (
     "gpu/serving_2026-12-03c/falcon_h1_7b_request_buckets/serving_prefill_graph.json"
 )
@@ -898,6 +901,14 @@ def render() -> str:
             "d56e344, request buckets on), full vs breakable (eager on this model), "
             "one server after the other; its 8192 positions leave out the 8k-16k "
             "run. ",
+        )
+        + serving(
+            (SERVING_NEMOTRON_H_AS_SHIPPED,),
+            "Nemotron-H-8B as shipped (issue 16; 2026-12-07, tree 844ce50, on an "
+            "H100, the two servers one after the other): full with the one-slot "
+            "graphs up to 1536 tokens and longer prompts routed eager "
+            "(MAMBA2_GRAPH_MAX_TOKENS_PER_REQUEST), against breakable (eager on "
+            "this model). ",
         )
         + serving(
             (SERVING_NEMOTRON_H_ONE_SLOT,),
