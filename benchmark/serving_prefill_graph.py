@@ -10,7 +10,9 @@ captures it). Every server gets the same flags but --cuda-graph-backend-prefill.
 Model: `qwen3-next-80b-a3b-fp8`: Qwen3-Next-80B-A3B's published dimensions (48
 layers: 36 GDN + 12 attention, hidden 2048, 512 experts top-10, vocab 151936)
 with the FP8 checkpoint's block quantization ([128, 128], e4m3), --load-format
-dummy (speed only: every output is noise). `falcon-h1-7b`: Falcon-H1-7B's
+dummy (speed only: every output is noise); `qwen3.5-35b-a3b-fp8`: Qwen3.5-35B-A3B's
+text model (40 layers: 30 GDN + 10 attention, 256 experts top-8, vocab 248320),
+FP8 the same way, about 37 GB: fits an H100. `falcon-h1-7b`: Falcon-H1-7B's
 (Mamba2 beside attention in 44 layers, bfloat16); `nemotron-h-8b`:
 Nemotron-H-8B-Base's (Mamba2, attention and MLP layers, 8 groups);
 `granite-4.0-h-micro`: Granite-4.0-H-Micro's layout (dense, Mamba2 and attention
@@ -122,25 +124,44 @@ WORKLOADS = {
 }
 
 
-def qwen3_next_80b_a3b_fp8(path: Path, layers: int = 48) -> None:
-    """Qwen3-Next-80B-A3B's config.json (published dimensions) with the FP8
-    checkpoint's quantization_config, so sglang allocates fp8 weights (~80 GB)."""
-    from tiny_configs import add_qwen3_next_layout, qwen3_next_80b_a3b_config
-
-    config = qwen3_next_80b_a3b_config(layers, max_position_embeddings=32768)
-    config.quantization_config = {
+def fp8_blocks(layers: int) -> dict:
+    """The quantization_config of Qwen's FP8 checkpoints of GDN hybrids
+    (Qwen3-Next-80B-A3B-FP8, Qwen3.5-35B-A3B-FP8): [128, 128] blocks of e4m3,
+    dynamic activations; the GDN b/a projection (2 x 32 outputs) and the
+    shared-expert gate (1) are not block-quantized."""
+    return {
         "activation_scheme": "dynamic",
         "fmt": "e4m3",
         "quant_method": "fp8",
         "weight_block_size": [128, 128],
-        # As the published FP8 checkpoint: the GDN b/a projection (32 + 32
-        # outputs) and the shared-expert gate (1) are not block-quantized.
         "modules_to_not_convert": [
             f"model.layers.{i}.{name}"
             for i in range(layers)
             for name in ("linear_attn.in_proj_ba", "mlp.shared_expert_gate")
         ],
     }
+
+
+def qwen3_next_80b_a3b_fp8(path: Path, layers: int = 48) -> None:
+    """Qwen3-Next-80B-A3B's config.json (published dimensions) with the FP8
+    checkpoint's quantization_config, so sglang allocates fp8 weights (~80 GB)."""
+    from tiny_configs import add_qwen3_next_layout, qwen3_next_80b_a3b_config
+
+    config = qwen3_next_80b_a3b_config(layers, max_position_embeddings=32768)
+    config.quantization_config = fp8_blocks(layers)
+    config.save_pretrained(path)
+    add_qwen3_next_layout(path)
+
+
+def qwen3_5_35b_a3b_fp8(path: Path, layers: int = 40) -> None:
+    """Qwen3.5-35B-A3B's text model (published dimensions, sglang's
+    Qwen3_5MoeForCausalLM) with the FP8 checkpoint's quantization_config: about
+    37 GB of weights, so it serves on an H100 (Qwen3-Next-80B's 75 GB need an
+    H200)."""
+    from tiny_configs import add_qwen3_next_layout, qwen3_5_35b_a3b_config
+
+    config = qwen3_5_35b_a3b_config(layers, max_position_embeddings=32768)
+    config.quantization_config = fp8_blocks(layers)
     config.save_pretrained(path)
     add_qwen3_next_layout(path)
 
@@ -285,6 +306,7 @@ def lfm2_2_6b(path: Path) -> None:
 
 MODELS = {
     "qwen3-next-80b-a3b-fp8": qwen3_next_80b_a3b_fp8,
+    "qwen3.5-35b-a3b-fp8": qwen3_5_35b_a3b_fp8,
     "falcon-h1-7b": falcon_h1_7b,
     "nemotron-h-8b": nemotron_h_8b,
     "granite-4.0-h-micro": granite_4_h_micro,

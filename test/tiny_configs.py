@@ -7,35 +7,48 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+# The tiny GDN hybrids' dimensions: 3 GDN layers + 1 full-attention layer; GDN
+# heads of 128 so sglang's FlashInfer GDN-prefill default applies on Hopper.
+_TINY_GDN = dict(
+    vocab_size=2048,
+    hidden_size=256,
+    num_hidden_layers=4,
+    layer_types=["linear_attention"] * 3 + ["full_attention"],
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=128,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=128,
+    shared_expert_intermediate_size=128,
+    max_position_embeddings=4096,
+)
+
 
 def qwen3_next_config(**overrides):
-    """GDN hybrid: 3 GDN layers + 1 full-attention layer; GDN heads of 128 so
-    sglang's FlashInfer GDN-prefill default applies on Hopper. ``overrides``
-    replace these dimensions."""
+    """GDN hybrid (Qwen3-Next) of the tiny GDN dimensions; ``overrides`` replace
+    them."""
     from transformers import Qwen3NextConfig
 
-    dims = dict(
-        vocab_size=2048,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=4,
-        layer_types=["linear_attention"] * 3 + ["full_attention"],
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=128,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=128,
-        linear_value_head_dim=128,
-        linear_conv_kernel_dim=4,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=128,
-        shared_expert_intermediate_size=128,
-        max_position_embeddings=4096,
-    )
+    dims = {**_TINY_GDN, "intermediate_size": 512}
     config = Qwen3NextConfig(**{**dims, **overrides})
     config.architectures = ["Qwen3NextForCausalLM"]
+    return config
+
+
+def qwen3_5_moe_config():
+    """GDN hybrid (Qwen3.5 MoE, the text model sglang serves as
+    Qwen3_5MoeForCausalLM) of the tiny GDN dimensions; save it, then
+    add_qwen3_next_layout."""
+    from transformers import Qwen3_5MoeTextConfig
+
+    config = Qwen3_5MoeTextConfig(**_TINY_GDN, dtype="bfloat16")
+    config.architectures = ["Qwen3_5MoeForCausalLM"]
     return config
 
 
@@ -236,6 +249,48 @@ def qwen3_next_80b_a3b_config(layers: int = 48, max_position_embeddings: int = 4
         dtype="bfloat16",
     )
     config.architectures = ["Qwen3NextForCausalLM"]
+    return config
+
+
+def qwen3_5_35b_a3b_config(layers: int = 40, max_position_embeddings: int = 4096):
+    """Qwen3.5-35B-A3B's published text dimensions (hidden 2048, 16/32 GDN heads
+    of 128, 256 experts top-8 with a shared expert of 512, attention 16/2 heads of
+    256 with a quarter of each rotated, vocab 248320), ``layers`` deep (a multiple
+    of 4: three GDN layers, then one attention layer), bfloat16, as the text-only
+    Qwen3_5MoeForCausalLM sglang serves. For speed runs with dummy weights; save
+    it, then add_qwen3_next_layout (sglang's config class reads the same layout)."""
+    from transformers import Qwen3_5MoeTextConfig
+
+    config = Qwen3_5MoeTextConfig(
+        vocab_size=248320,
+        hidden_size=2048,
+        num_hidden_layers=layers,
+        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * (layers // 4),
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        head_dim=256,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+        num_experts=256,
+        num_experts_per_tok=8,
+        moe_intermediate_size=512,
+        shared_expert_intermediate_size=512,
+        max_position_embeddings=max_position_embeddings,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000000.0,
+            "partial_rotary_factor": 0.25,
+        },
+        tie_word_embeddings=False,
+        # As published: without it sglang's dtype "auto" serves float16.
+        dtype="bfloat16",
+    )
+    config.architectures = ["Qwen3_5MoeForCausalLM"]
+    # sglang's config class reads the rotary base from its own field.
+    config.rope_theta = 10000000.0
     return config
 
 

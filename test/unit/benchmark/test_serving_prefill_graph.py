@@ -25,6 +25,46 @@ def test_served_model_is_bfloat16_with_fp8_blocks(tmp_path):
     assert config.num_hidden_layers == 4 and config.full_attention_interval == 4
 
 
+def test_served_qwen3_5_is_the_published_text_model_and_fits_an_h100(tmp_path):
+    """Qwen3.5-35B-A3B as its servers read it (sglang's ModelConfig and model
+    registry): the text model sglang serves, bfloat16 with FP8 blocks but for the
+    GDN b/a projections and the shared-expert gates, 30 GDN and 10 attention
+    layers of the published dimensions, rotary base 1e7 in sglang's own field;
+    its full mode resolves to the full graph on a simulated H100 (the card it is
+    for: its FP8 weights fit one), and its weights come to under 40 GB."""
+    from resolution import prefill_backend, resolved
+
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+    from sglang.srt.models.registry import ModelRegistry
+
+    bench = load_benchmark("serving_prefill_graph")
+    bench.MODELS["qwen3.5-35b-a3b-fp8"](tmp_path)
+    model = ModelConfig(str(tmp_path), context_length=8192)
+    config = model.hf_config
+    assert type(config).__module__ == "sglang.srt.configs.qwen3_5"
+    assert model.dtype == torch.bfloat16 and model.quantization == "fp8"
+    assert len(config.linear_layer_ids) == 30
+    assert config.full_attention_layer_ids == list(range(3, 40, 4))
+    assert (config.num_experts, config.num_experts_per_tok) == (256, 8)
+    assert (config.linear_num_key_heads, config.linear_num_value_heads) == (16, 32)
+    assert (config.head_dim, config.vocab_size) == (256, 248320)
+    assert config.rope_theta == 1e7 and config.partial_rotary_factor == 0.25
+    skipped = config.quantization_config["modules_to_not_convert"]
+    assert "model.layers.39.linear_attn.in_proj_ba" in skipped
+    assert "model.layers.0.mlp.shared_expert_gate" in skipped
+    ModelRegistry.resolve_model_cls(config.architectures)
+    args = resolved(str(tmp_path), gpu="h100", cuda_graph_backend_prefill="full")
+    assert prefill_backend(args) == Backend.FULL
+    # Routed experts (fp8, one byte a weight) and the embedding and LM head
+    # (bfloat16): the bulk of the weights.
+    c = config
+    experts = c.num_hidden_layers * c.num_experts * 3 * c.hidden_size
+    experts *= c.moe_intermediate_size
+    embeddings = 2 * 2 * c.vocab_size * c.hidden_size
+    assert 30e9 < experts + embeddings < 40e9
+
+
 def test_served_falcon_h1_full_mode_is_what_users_get(tmp_path, monkeypatch):
     """The Mamba2 serving model resolves through sglang's resolution (on a
     simulated H200) with the flags every mode gets: its full mode runs as
