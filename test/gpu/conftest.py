@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from models import tiny_qwen3_next
+from models import tiny_qwen3_5_moe, tiny_qwen3_next
 from tiny_configs import write_config
 
 
@@ -29,6 +29,11 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def qwen3_next_path(tmp_path_factory):
     return tiny_qwen3_next(tmp_path_factory.mktemp("qwen3_next"))
+
+
+@pytest.fixture(scope="session")
+def qwen3_5_moe_path(tmp_path_factory):
+    return tiny_qwen3_5_moe(tmp_path_factory.mktemp("qwen3_5_moe"))
 
 
 @pytest.fixture(scope="session")

@@ -8,17 +8,24 @@ import random
 from pathlib import Path
 
 import torch
-from tiny_configs import add_qwen3_next_layout, qwen3_next_config
+from tiny_configs import add_qwen3_next_layout, qwen3_5_moe_config, qwen3_next_config
 
 
-def tiny_qwen3_next(path: Path) -> str:
+def tiny_qwen3_next(path: Path, config=None) -> str:
+    """A tiny random GDN hybrid: Qwen3-Next, or ``config`` (tiny_configs.py's
+    Qwen3.5 MoE)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(qwen3_next_config(), dtype=torch.bfloat16)
+    config = config or qwen3_next_config()
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(path)
     add_qwen3_next_layout(path)
     return str(path)
+
+
+def tiny_qwen3_5_moe(path: Path) -> str:
+    return tiny_qwen3_next(path, qwen3_5_moe_config())
 
 
 def prompts(seed: int, lengths, vocab: int = 2048) -> list:

@@ -3,7 +3,7 @@
 # machine starts one in one call (a run's command line is limited to 2,000
 # characters):
 #   . test/gpu/device_setup.sh && { GRAPHFIX_COMMIT=<sha> RES=/tmp/res \
-#     setsid nohup bash test/gpu/next_block.sh [mamba2|qwen3-next] \
+#     setsid nohup bash test/gpu/next_block.sh [mamba2|qwen3-next|qwen3.5] \
 #     >/tmp/block.log 2>&1 </dev/null & }
 # then only polling calls, back to back: RES=/tmp/res bash test/gpu/poll_block.sh 240
 # Each block is about 25 min of a 30-min device budget with the bundle and set-up
@@ -44,18 +44,25 @@
 #     prefill 512: the request-slot floor's cached-prefix chunks keep a 2000-token
 #     prompt's every chunk on the graph, its outputs equal to eager.
 #
+# qwen3.5 (issue 13 on an H100, which sessions get far more often than an H200):
+#  the qwen3-next block's two serving steps on Qwen3.5-35B-A3B's text model (FP8,
+#  about 37 GB of weights), after a PRE: a tiny Qwen3.5 MoE engine's full graph
+#  vs eager on the same kernels, and its wrong-state control
+#  (test_hybrid_full_prefill_graph.py -k qwen3_5_moe), Qwen3.5's first GPU run.
+#  Same fa3 bundle; no Kimi-Linear POST.
+#
 # BLOCK_STEPS=N runs only the first N serving steps (then POST), for a session
 # left with less device time than a whole block (each start that got no machine
 # cost 1-2 min on 2026-12-06): the steps are in the order that matters.
 #
-# POST, both blocks: each served report's traces summarised (trace_summary.py;
+# POST, every block: each served report's traces summarised (trace_summary.py;
 # run_block.sh already did, right after each serving run) and the servers diffed
 # (profile_diff.py: device ops, and the CUDA runtime's calls) into RES/post, on
 # the device (the traces may be too large to come back).
 set -u
 cd "$(dirname "$0")/../.."
 if [ $# -gt 1 ]; then
-  echo "next_block.sh: one block name at most (mamba2, qwen3-next), got: $*" >&2
+  echo "next_block.sh: one block name at most (mamba2, qwen3-next, qwen3.5), got: $*" >&2
   exit 2
 fi
 block=${1:-mamba2}
@@ -110,7 +117,7 @@ grep -h -e 'to compile after serving started' -e 'device-loaded after serving st
       "--model granite-4.0-h-micro --modes full,breakable --workloads burst,long --profile 1_x_16_tokens,8_x_64_tokens"
     )
     ;;
-  qwen3-next)
+  qwen3-next | qwen3.5)
     # sglang's Hopper default attention backend, which these servers keep, is
     # FlashAttention-3: a bundle re-split with NOFA3=1 has none, and every server
     # would die at start-up (2026-12-05). The block runs in the background: the
@@ -125,16 +132,27 @@ grep -h -e 'to compile after serving started' -e 'device-loaded after serving st
       touch "$res/DONE"
       exit 3
     fi
-    export POST="$POST
+    model=qwen3-next-80b-a3b-fp8
+    if [ "$block" = qwen3.5 ]; then
+      # Its first GPU run: first a tiny Qwen3.5 MoE engine's graph vs eager on
+      # the same kernels, with the wrong-state control (about 3 min).
+      model=qwen3.5-35b-a3b-fp8
+      export POST
+      export PRE_TIMEOUT=${PRE_TIMEOUT:-600} PRE="python3 -m pytest \
+  test/gpu/test_hybrid_full_prefill_graph.py -k qwen3_5_moe -q -rA -p no:cacheprovider \
+  >\"\$OUT/qwen3_5_moe_engine.log\" 2>&1"
+    else
+      export POST="$POST
 timeout 300 python3 -m pytest test/gpu/test_kimi_linear_full_prefill_graph.py -k slot_floor \
   -q -rA -p no:cacheprovider >\"\$OUT/kimi_linear_slot_floor.log\" 2>&1"
+    fi
     steps=(
-      "$probe --model qwen3-next-80b-a3b-fp8 --modes breakable,full,disabled --workloads burst,long --quick --profile long_8k-16k,4_x_256_tokens"
-      "--model qwen3-next-80b-a3b-fp8 --modes breakable,full --workloads burst --quick -- --chunked-prefill-size 512"
+      "$probe --model $model --modes breakable,full,disabled --workloads burst,long --quick --profile long_8k-16k,4_x_256_tokens"
+      "--model $model --modes breakable,full --workloads burst --quick -- --chunked-prefill-size 512"
     )
     ;;
   *)
-    echo "next_block.sh: no block named '$block' (mamba2, qwen3-next)" >&2
+    echo "next_block.sh: no block named '$block' (mamba2, qwen3-next, qwen3.5)" >&2
     exit 2
     ;;
 esac

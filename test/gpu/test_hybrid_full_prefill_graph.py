@@ -2,7 +2,8 @@
 graph, on a real sglang.Engine, against the same engine with the prefill graph
 disabled, for each GDN prefill kernel the graph can capture: sglang's default
 (FlashInfer's on an H200, captured there as shipped: FLASHINFER_GDN_CAPTURE_SM)
-and Triton (--linear-attn-prefill-backend triton). Upstream 0.5.23 crashes during
+and Triton (--linear-attn-prefill-backend triton); and a tiny random Qwen3.5 MoE
+on the default kernel. Upstream 0.5.23 crashes during
 capture (IndexError in HybridLinearAttnBackend._replay_metadata)."""
 
 import pytest
@@ -36,33 +37,45 @@ def _engine_kwargs(model_path, prefill):
 FULL = {"backend": "full", "bs": [16, 32, 64, 128, 256], "full_prefill_max_req": 4}
 
 
-# Per captured GDN prefill kernel: the flags of both engines (graph and eager
+# Per case: the tiny GDN model and the flags of both engines (graph and eager
 # run the same kernel). "default": sglang's own choice, FlashInfer's on an H200
 # for this model, which the graph captures there as shipped
 # (FLASHINFER_GDN_CAPTURE_SM = 90; Triton on GPUs where it is not validated);
-# "triton": --linear-attn-prefill-backend triton.
+# "triton": --linear-attn-prefill-backend triton; "qwen3_5_moe": the default
+# kernel on a tiny Qwen3.5 MoE (sglang's Qwen3_5MoeForCausalLM, its own GDN
+# layer class on the same GDN backend).
 KERNELS = {
     "triton": {"linear_attn_prefill_backend": "triton"},
     "default": {},
 }
+CASES = {
+    "triton": ("qwen3_next", KERNELS["triton"]),
+    "default": ("qwen3_next", KERNELS["default"]),
+    "qwen3_5_moe": ("qwen3_5_moe", KERNELS["default"]),
+}
 
 
-@pytest.fixture(scope="module", params=list(KERNELS))
+@pytest.fixture(scope="module", params=list(CASES))
 def kernel(request):
     return request.param
 
 
 @pytest.fixture(scope="module")
-def eager(qwen3_next_path, kernel):
-    kwargs = _engine_kwargs(qwen3_next_path, {"backend": "disabled"})
-    return run_engine({**kwargs, **KERNELS[kernel]}, BATCHES, top_logprobs_num=TOPK)
+def model_path(request, kernel):
+    return request.getfixturevalue(f"{CASES[kernel][0]}_path")
 
 
 @pytest.fixture(scope="module")
-def graph(qwen3_next_path, kernel):
+def eager(model_path, kernel):
+    kwargs = _engine_kwargs(model_path, {"backend": "disabled"})
+    return run_engine({**kwargs, **CASES[kernel][1]}, BATCHES, top_logprobs_num=TOPK)
+
+
+@pytest.fixture(scope="module")
+def graph(model_path, kernel):
     before = probe_count("gdn_graph_replay")
     results = run_engine(
-        {**_engine_kwargs(qwen3_next_path, FULL), **KERNELS[kernel]},
+        {**_engine_kwargs(model_path, FULL), **CASES[kernel][1]},
         BATCHES,
         top_logprobs_num=TOPK,
     )
@@ -99,11 +112,11 @@ def test_full_prefill_graph_matches_eager(graph, eager, kernel):
     assert_graph_matches_eager(report)
 
 
-def test_wrong_graph_state_changes_outputs(qwen3_next_path, graph, eager, kernel):
+def test_wrong_graph_state_changes_outputs(model_path, graph, eager, kernel):
     """Can-fail control: the graph engine again, with every replay pointed at the
     padding state slot (test probe fault); its outputs must leave the tolerance."""
     results = run_engine(
-        {**_engine_kwargs(qwen3_next_path, FULL), **KERNELS[kernel]},
+        {**_engine_kwargs(model_path, FULL), **CASES[kernel][1]},
         BATCHES,
         env={"GRAPHFIX_PROBE_FAULT": "gdn_wrong_state"},
     )

@@ -320,6 +320,44 @@ def test_next_block_qwen3_next_serves_issue_13s_runs(block):
     assert (res / "DONE").exists()
 
 
+def test_next_block_qwen3_5_serves_issue_13s_runs_after_its_engine_test(block):
+    """next_block.sh qwen3.5: first, alone, the tiny Qwen3.5 MoE engine's graph
+    vs eager and its control; then the qwen3-next block's two serving steps on
+    Qwen3.5-35B-A3B (the probe on the first's path), without the Kimi-Linear
+    POST."""
+    tmp, env = block
+    env["PYTHONPATH"] = "/site"
+    done = _run("next_block.sh", ["qwen3.5"], env)
+    assert done.returncode == 0, done.stderr
+    res = tmp / "res"
+    calls = (tmp / "calls.log").read_text().splitlines()
+    pytest_calls = [c for c in calls if c.startswith("pytest")]
+    assert pytest_calls == [
+        "pytest -m pytest test/gpu/test_hybrid_full_prefill_graph.py -k qwen3_5_moe "
+        "-q -rA -p no:cacheprovider"
+    ]
+    assert calls.index(pytest_calls[0]) < min(
+        i for i, c in enumerate(calls) if c.startswith("serving")
+    )
+    assert "pre rc=0" in (res / "progress.log").read_text()
+    serving = [c for c in calls if c.startswith("serving")]
+    assert serving == [
+        "serving [--model qwen3.5-35b-a3b-fp8 --modes breakable,full,disabled "
+        "--workloads burst,long --quick --profile long_8k-16k,4_x_256_tokens] "
+        "FOO=unset",
+        "serving [--model qwen3.5-35b-a3b-fp8 --modes breakable,full --workloads "
+        "burst --quick -- --chunked-prefill-size 512] FOO=unset",
+    ]
+    assert (
+        (tmp / "calls.log.env")
+        .read_text()
+        .splitlines()[0]
+        .endswith(f"{ROOT}/test/gpu/probe:/site")
+    )
+    assert "post rc=0" in (res / "progress.log").read_text()
+    assert (res / "DONE").exists()
+
+
 def test_next_block_qwen3_next_stops_on_a_site_without_fa3(block):
     """Its servers keep sglang's Hopper default (fa3): on a site whose sgl_kernel
     lacks FlashAttention-3 (a NOFA3 bundle) the block stops before any server,
@@ -412,7 +450,7 @@ def test_next_block_refuses_a_block_it_does_not_plan(block):
     tmp, env = block
     done = _run("next_block.sh", ["qwen3"], env)
     assert done.returncode == 2
-    assert "no block named 'qwen3' (mamba2, qwen3-next)" in done.stderr
+    assert "no block named 'qwen3' (mamba2, qwen3-next, qwen3.5)" in done.stderr
     # A block takes no flags of its own: refused rather than dropped.
     done = _run("next_block.sh", ["qwen3-next", "--quick"], env)
     assert done.returncode == 2 and "one block name at most" in done.stderr
