@@ -217,80 +217,71 @@ def write_config(family: str, path: Path) -> str:
     return str(path)
 
 
-def qwen3_next_80b_a3b_config(layers: int = 48, max_position_embeddings: int = 4096):
-    """Qwen3-Next-80B-A3B's published layer dimensions (hidden 2048, 16/32 GDN heads
-    of 128, 512 experts top-10, attention 16/2 heads of 256), ``layers`` deep (a
-    multiple of 4: three GDN layers, then one attention layer), bfloat16. For
-    speed runs with dummy weights; save it, then add_qwen3_next_layout."""
-    from transformers import Qwen3NextConfig
-
-    config = Qwen3NextConfig(
-        vocab_size=151936,
+def _qwen_gdn_layers(layers: int) -> dict:
+    """The layer dimensions Qwen3-Next-80B-A3B and Qwen3.5-35B-A3B publish alike:
+    hidden 2048, ``layers`` deep (a multiple of 4: three GDN layers, then one
+    attention layer), 16/32 GDN heads of 128, attention 16/2 heads of 256, experts
+    and a shared expert of 512; bfloat16 as published (without a config dtype
+    sglang's "auto" serves float16)."""
+    return dict(
         hidden_size=2048,
-        intermediate_size=5120,
         num_hidden_layers=layers,
         layer_types=(["linear_attention"] * 3 + ["full_attention"]) * (layers // 4),
         num_attention_heads=16,
         num_key_value_heads=2,
         head_dim=256,
-        partial_rotary_factor=0.25,
         linear_num_key_heads=16,
         linear_num_value_heads=32,
         linear_key_head_dim=128,
         linear_value_head_dim=128,
         linear_conv_kernel_dim=4,
-        num_experts=512,
-        num_experts_per_tok=10,
         moe_intermediate_size=512,
         shared_expert_intermediate_size=512,
+        dtype="bfloat16",
+    )
+
+
+def qwen3_next_80b_a3b_config(layers: int = 48, max_position_embeddings: int = 4096):
+    """Qwen3-Next-80B-A3B's published dimensions (_qwen_gdn_layers, 512 experts
+    top-10, vocab 151936). For speed runs with dummy weights; save it, then
+    add_qwen3_next_layout."""
+    from transformers import Qwen3NextConfig
+
+    config = Qwen3NextConfig(
+        **_qwen_gdn_layers(layers),
+        vocab_size=151936,
+        intermediate_size=5120,
+        partial_rotary_factor=0.25,
+        num_experts=512,
+        num_experts_per_tok=10,
         max_position_embeddings=max_position_embeddings,
         rope_theta=10000000.0,
-        # As published: without it sglang's dtype "auto" serves float16.
-        dtype="bfloat16",
     )
     config.architectures = ["Qwen3NextForCausalLM"]
     return config
 
 
 def qwen3_5_35b_a3b_config(layers: int = 40, max_position_embeddings: int = 4096):
-    """Qwen3.5-35B-A3B's published text dimensions (hidden 2048, 16/32 GDN heads
-    of 128, 256 experts top-8 with a shared expert of 512, attention 16/2 heads of
-    256 with a quarter of each rotated, vocab 248320), ``layers`` deep (a multiple
-    of 4: three GDN layers, then one attention layer), bfloat16, as the text-only
-    Qwen3_5MoeForCausalLM sglang serves. For speed runs with dummy weights; save
-    it, then add_qwen3_next_layout (sglang's config class reads the same layout)."""
+    """Qwen3.5-35B-A3B's published text dimensions (_qwen_gdn_layers, 256 experts
+    top-8, a quarter of each attention head rotated, vocab 248320), as the
+    text-only Qwen3_5MoeForCausalLM sglang serves. For speed runs with dummy
+    weights; save it, then add_qwen3_next_layout (sglang's config class reads the
+    same layout)."""
     from transformers import Qwen3_5MoeTextConfig
 
+    rope = {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}
     config = Qwen3_5MoeTextConfig(
+        **_qwen_gdn_layers(layers),
         vocab_size=248320,
-        hidden_size=2048,
-        num_hidden_layers=layers,
-        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * (layers // 4),
-        num_attention_heads=16,
-        num_key_value_heads=2,
-        head_dim=256,
-        linear_num_key_heads=16,
-        linear_num_value_heads=32,
-        linear_key_head_dim=128,
-        linear_value_head_dim=128,
-        linear_conv_kernel_dim=4,
         num_experts=256,
         num_experts_per_tok=8,
-        moe_intermediate_size=512,
-        shared_expert_intermediate_size=512,
         max_position_embeddings=max_position_embeddings,
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": 10000000.0,
-            "partial_rotary_factor": 0.25,
-        },
+        rope_parameters=rope,
         tie_word_embeddings=False,
-        # As published: without it sglang's dtype "auto" serves float16.
-        dtype="bfloat16",
     )
     config.architectures = ["Qwen3_5MoeForCausalLM"]
     # sglang's config class reads the rotary base from its own field.
-    config.rope_theta = 10000000.0
+    config.rope_theta = rope["rope_theta"]
     return config
 
 

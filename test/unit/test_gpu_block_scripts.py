@@ -283,23 +283,42 @@ def test_next_block_runs_the_planned_steps_and_summarises_them(block):
     assert (res / "DONE").exists()
 
 
-def test_next_block_qwen3_next_serves_issue_13s_runs(block):
-    """next_block.sh qwen3-next: the three servers at sglang's default chunking
-    with their long prompts profiled, then breakable and full at a chunked prefill
-    of 512 (the flag after --, for sglang), the probe on the first's path, the same
-    summaries, and the Kimi-Linear slot-floor engine test after them."""
+KIMI_SLOT_FLOOR = (
+    "pytest -m pytest test/gpu/test_kimi_linear_full_prefill_graph.py -k "
+    "slot_floor -q -rA -p no:cacheprovider"
+)
+QWEN3_5_ENGINE = (
+    "pytest -m pytest test/gpu/test_hybrid_full_prefill_graph.py -k qwen3_5_moe "
+    "-q -rA -p no:cacheprovider"
+)
+
+
+@pytest.mark.parametrize(
+    "name, model, engine_test, first",
+    [
+        ("qwen3-next", "qwen3-next-80b-a3b-fp8", KIMI_SLOT_FLOOR, False),
+        ("qwen3.5", "qwen3.5-35b-a3b-fp8", QWEN3_5_ENGINE, True),
+    ],
+)
+def test_next_block_gdn_serves_issue_13s_runs(block, name, model, engine_test, first):
+    """next_block.sh qwen3-next and qwen3.5: the three servers at sglang's default
+    chunking with their long prompts profiled, then breakable and full at a
+    chunked prefill of 512 (the flag after --, for sglang), the probe on the
+    first's path, the same summaries; qwen3-next runs the Kimi-Linear slot-floor
+    engine test after them, qwen3.5 its tiny Qwen3.5 MoE engine's graph vs eager
+    and control first, alone (PRE)."""
     tmp, env = block
     env["PYTHONPATH"] = "/site"
-    done = _run("next_block.sh", ["qwen3-next"], env)
+    done = _run("next_block.sh", [name], env)
     assert done.returncode == 0, done.stderr
     res = tmp / "res"
     calls = (tmp / "calls.log").read_text().splitlines()
     serving = [c for c in calls if c.startswith("serving")]
     assert serving == [
-        "serving [--model qwen3-next-80b-a3b-fp8 --modes breakable,full,disabled "
+        f"serving [--model {model} --modes breakable,full,disabled "
         "--workloads burst,long --quick --profile long_8k-16k,4_x_256_tokens] "
         "FOO=unset",
-        "serving [--model qwen3-next-80b-a3b-fp8 --modes breakable,full --workloads "
+        f"serving [--model {model} --modes breakable,full --workloads "
         "burst --quick -- --chunked-prefill-size 512] FOO=unset",
     ]
     assert (tmp / "calls.log.env").read_text().splitlines() == [
@@ -312,48 +331,13 @@ def test_next_block_qwen3_next_serves_issue_13s_runs(block):
     # The chunked-512 run profiles nothing: no summary, no diffs of it.
     assert not [c for c in calls if "serving_2" in c and c.startswith("post ")]
     assert not (res / "post" / "serving_2_profile.json").exists()
-    assert [c for c in calls if c.startswith("pytest")] == [
-        "pytest -m pytest test/gpu/test_kimi_linear_full_prefill_graph.py -k "
-        "slot_floor -q -rA -p no:cacheprovider"
-    ]
-    assert "post rc=0" in (res / "progress.log").read_text()
-    assert (res / "DONE").exists()
-
-
-def test_next_block_qwen3_5_serves_issue_13s_runs_after_its_engine_test(block):
-    """next_block.sh qwen3.5: first, alone, the tiny Qwen3.5 MoE engine's graph
-    vs eager and its control; then the qwen3-next block's two serving steps on
-    Qwen3.5-35B-A3B (the probe on the first's path), without the Kimi-Linear
-    POST."""
-    tmp, env = block
-    env["PYTHONPATH"] = "/site"
-    done = _run("next_block.sh", ["qwen3.5"], env)
-    assert done.returncode == 0, done.stderr
-    res = tmp / "res"
-    calls = (tmp / "calls.log").read_text().splitlines()
-    pytest_calls = [c for c in calls if c.startswith("pytest")]
-    assert pytest_calls == [
-        "pytest -m pytest test/gpu/test_hybrid_full_prefill_graph.py -k qwen3_5_moe "
-        "-q -rA -p no:cacheprovider"
-    ]
-    assert calls.index(pytest_calls[0]) < min(
-        i for i, c in enumerate(calls) if c.startswith("serving")
-    )
-    assert "pre rc=0" in (res / "progress.log").read_text()
-    serving = [c for c in calls if c.startswith("serving")]
-    assert serving == [
-        "serving [--model qwen3.5-35b-a3b-fp8 --modes breakable,full,disabled "
-        "--workloads burst,long --quick --profile long_8k-16k,4_x_256_tokens] "
-        "FOO=unset",
-        "serving [--model qwen3.5-35b-a3b-fp8 --modes breakable,full --workloads "
-        "burst --quick -- --chunked-prefill-size 512] FOO=unset",
-    ]
-    assert (
-        (tmp / "calls.log.env")
-        .read_text()
-        .splitlines()[0]
-        .endswith(f"{ROOT}/test/gpu/probe:/site")
-    )
+    assert [c for c in calls if c.startswith("pytest")] == [engine_test]
+    servers = [i for i, c in enumerate(calls) if c.startswith("serving")]
+    if first:
+        assert calls.index(engine_test) < servers[0]
+        assert "pre rc=0" in (res / "progress.log").read_text()
+    else:
+        assert calls.index(engine_test) > servers[-1]
     assert "post rc=0" in (res / "progress.log").read_text()
     assert (res / "DONE").exists()
 
