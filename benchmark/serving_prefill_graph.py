@@ -12,7 +12,7 @@ layers: 36 GDN + 12 attention, hidden 2048, 512 experts top-10, vocab 151936)
 with the FP8 checkpoint's block quantization ([128, 128], e4m3), --load-format
 dummy (speed only: every output is noise); `qwen3.5-35b-a3b-fp8`: Qwen3.5-35B-A3B's
 text model (40 layers: 30 GDN + 10 attention, 256 experts top-8, vocab 248320),
-FP8 the same way, about 37 GB: fits an H100. `falcon-h1-7b`: Falcon-H1-7B's
+FP8 the same way, about 36 GB: fits an H100. `falcon-h1-7b`: Falcon-H1-7B's
 (Mamba2 beside attention in 44 layers, bfloat16); `nemotron-h-8b`:
 Nemotron-H-8B-Base's (Mamba2, attention and MLP layers, 8 groups);
 `granite-4.0-h-micro`: Granite-4.0-H-Micro's layout (dense, Mamba2 and attention
@@ -124,11 +124,14 @@ WORKLOADS = {
 }
 
 
-def fp8_blocks(layers: int) -> dict:
-    """The quantization_config of Qwen's FP8 checkpoints of GDN hybrids
-    (Qwen3-Next-80B-A3B-FP8, Qwen3.5-35B-A3B-FP8): [128, 128] blocks of e4m3,
-    dynamic activations; the GDN b/a projection (2 x 32 outputs) and the
-    shared-expert gate (1) are not block-quantized."""
+def fp8_blocks(layers: int, gdn_ba: tuple) -> dict:
+    """The quantization_config of Qwen's FP8 checkpoints of GDN hybrids:
+    [128, 128] blocks of e4m3, dynamic activations, but for the modules smaller
+    than a block, which those checkpoints keep in bfloat16: the shared-expert
+    gate (1 output) and the GDN b/a projections (``gdn_ba``, under the
+    checkpoint's names: Qwen3-Next's fused in_proj_ba of 2 x 32 outputs,
+    Qwen3.5's in_proj_b and in_proj_a of 32 each; sglang matches the shards of
+    its fused module against them)."""
     return {
         "activation_scheme": "dynamic",
         "fmt": "e4m3",
@@ -137,7 +140,7 @@ def fp8_blocks(layers: int) -> dict:
         "modules_to_not_convert": [
             f"model.layers.{i}.{name}"
             for i in range(layers)
-            for name in ("linear_attn.in_proj_ba", "mlp.shared_expert_gate")
+            for name in (*gdn_ba, "mlp.shared_expert_gate")
         ],
     }
 
@@ -148,7 +151,7 @@ def qwen3_next_80b_a3b_fp8(path: Path, layers: int = 48) -> None:
     from tiny_configs import add_qwen3_next_layout, qwen3_next_80b_a3b_config
 
     config = qwen3_next_80b_a3b_config(layers, max_position_embeddings=32768)
-    config.quantization_config = fp8_blocks(layers)
+    config.quantization_config = fp8_blocks(layers, ("linear_attn.in_proj_ba",))
     config.save_pretrained(path)
     add_qwen3_next_layout(path)
 
@@ -156,12 +159,13 @@ def qwen3_next_80b_a3b_fp8(path: Path, layers: int = 48) -> None:
 def qwen3_5_35b_a3b_fp8(path: Path, layers: int = 40) -> None:
     """Qwen3.5-35B-A3B's text model (published dimensions, sglang's
     Qwen3_5MoeForCausalLM) with the FP8 checkpoint's quantization_config: about
-    37 GB of weights, so it serves on an H100 (Qwen3-Next-80B's 75 GB need an
-    H200)."""
+    36 GB of weights (from these dimensions), so it serves on an H100
+    (Qwen3-Next-80B's 75 GB need an H200)."""
     from tiny_configs import add_qwen3_next_layout, qwen3_5_35b_a3b_config
 
     config = qwen3_5_35b_a3b_config(layers, max_position_embeddings=32768)
-    config.quantization_config = fp8_blocks(layers)
+    gdn_ba = ("linear_attn.in_proj_b", "linear_attn.in_proj_a")
+    config.quantization_config = fp8_blocks(layers, gdn_ba)
     config.save_pretrained(path)
     add_qwen3_next_layout(path)
 
