@@ -20,8 +20,9 @@
 #     TOKENS; longer prompts routed eager), full and breakable (eager on this
 #     model), one prompt of 512-3072 tokens and four of 512 or 1024, profiled
 #     at 1024 and 1536 tokens; its log must show no Triton kernel compiled or
-#     first loaded after start (POST: full_late_compiles.txt; every late load is
-#     logged, SGLANG_TRITON_LOAD_WARNING_THRESHOLD_GB).
+#     first loaded after start (POST: full_late_compiles.txt; every late compile
+#     and load is logged: SGLANG_TRITON_SLOW_COMPILE_THRESHOLD_SECS,
+#     SGLANG_TRITON_LOAD_WARNING_THRESHOLD_GB).
 #  2. The control: the same full server without the one-slot graphs (the test
 #     probe's switch), profiled at the same sizes; POST diffs its kernels
 #     against step 1's full server (one_slot_vs_16_kernels.txt).
@@ -46,7 +47,7 @@
 #
 # qwen3.5 (issue 13 on an H100, which sessions get far more often than an H200):
 #  the qwen3-next block's two serving steps on Qwen3.5-35B-A3B's text model (FP8,
-#  about 37 GB of weights), after a PRE: a tiny Qwen3.5 MoE engine's full graph
+#  about 36 GB of weights), after a PRE: a tiny Qwen3.5 MoE engine's full graph
 #  vs eager on the same kernels, and its wrong-state control
 #  (test_hybrid_full_prefill_graph.py -k qwen3_5_moe), Qwen3.5's first GPU run.
 #  Same fa3 bundle; no Kimi-Linear POST.
@@ -105,13 +106,14 @@ both=\"\$OUT/one_slot_vs_16_profile.json\"
 rm -f \"\$both.partial\"
 # Triton kernels the full servers compiled, or first loaded onto the GPU, after
 # start-up (sglang's load watch: a compile is logged only where it missed
-# Triton's disk cache, which a block's PRE may have filled; step 1's servers log
-# every late load, their threshold of free memory set above any card's).
+# Triton's disk cache, which a block's PRE may have filled, and took a second or
+# more; step 1's servers log every late compile and every late load, their
+# thresholds of compile time and free memory set to 0 s and above any card's).
 grep -h -e 'to compile after serving started' -e 'device-loaded after serving started' \
   \$res/serving*/logs/server_full.log \
   >\"\$OUT/full_late_compiles.txt\" 2>/dev/null || true"
     steps=(
-      "$probe SGLANG_TRITON_LOAD_WARNING_THRESHOLD_GB=1000000 --model nemotron-h-8b --context-length 8192 --modes full,breakable --workloads sizes --profile 1_x_1024_tokens,1_x_1536_tokens"
+      "$probe SGLANG_TRITON_LOAD_WARNING_THRESHOLD_GB=1000000 SGLANG_TRITON_SLOW_COMPILE_THRESHOLD_SECS=0 --model nemotron-h-8b --context-length 8192 --modes full,breakable --workloads sizes --profile 1_x_1024_tokens,1_x_1536_tokens"
       "$probe GRAPHFIX_PROBE_MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS=0 --model nemotron-h-8b --context-length 8192 --modes full --workloads sizes --profile 1_x_1024_tokens,1_x_1536_tokens"
       "$probe GRAPHFIX_PROBE_MAMBA2_SNAPSHOT_KERNEL=1 --model nemotron-h-8b --context-length 8192 --modes full --workloads sizes --profile 1_x_1024_tokens,1_x_1536_tokens"
       "--model granite-4.0-h-micro --modes full,breakable --workloads burst,long --profile 1_x_16_tokens,8_x_64_tokens"

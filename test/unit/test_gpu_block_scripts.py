@@ -32,7 +32,8 @@ if [ "$1" = benchmark/serving_prefill_graph.py ]; then
     "${GRAPHFIX_PROBE_GRAPH_MEMORY:-unset}" \
     "${GRAPHFIX_PROBE_MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS:-unset}" \
     "${GRAPHFIX_PROBE_MAMBA2_SNAPSHOT_KERNEL:-unset}" \
-    "load=${SGLANG_TRITON_LOAD_WARNING_THRESHOLD_GB:-unset} $PYTHONPATH" \
+    "load=${SGLANG_TRITON_LOAD_WARNING_THRESHOLD_GB:-unset}" \
+    "compile=${SGLANG_TRITON_SLOW_COMPILE_THRESHOLD_SECS:-unset} $PYTHONPATH" \
     >>"$BLOCK_CALLS.env"
   mkdir -p "$OUT/logs"
   case " $* " in
@@ -212,6 +213,30 @@ def test_poll_block_says_when_parts_would_not_come_back(block):
     assert "9 parts, only the first 8 come back" in polled.stdout
 
 
+def test_the_late_compile_grep_matches_sglangs_load_watch():
+    """The lines POST greps for in the full servers' logs are the ones sglang's
+    load watch writes, and the environment step 1 sets is the one it reads
+    (read in the installed sglang: the stand-in server above only copies them)."""
+    import inspect
+
+    from sglang.srt.environ import envs
+    from sglang.srt.utils import triton_load_watch
+
+    source = inspect.getsource(triton_load_watch)
+    script = (GPU / "next_block.sh").read_text()
+    for phrase in (
+        "to compile after serving started",
+        "device-loaded after serving started",
+    ):
+        assert phrase in source and f"-e '{phrase}'" in script
+    for name in (
+        "SGLANG_TRITON_LOAD_WARNING_THRESHOLD_GB",
+        "SGLANG_TRITON_SLOW_COMPILE_THRESHOLD_SECS",
+    ):
+        assert hasattr(envs, name) and f"envs.{name}.get()" in source
+        assert f" {name}=" in script
+
+
 def test_next_block_runs_the_planned_steps_and_summarises_them(block):
     """next_block.sh: the planned serving steps through run_block.sh (the first
     two with the test probe on the path, the second without the one-slot
@@ -244,10 +269,19 @@ def test_next_block_runs_the_planned_steps_and_summarises_them(block):
     # As shipped in the first step's server; without the one-slot graphs in
     # the second's; with the snapshot kernel in the third's.
     # Step 1's servers log every Triton kernel first loaded after start-up.
-    assert first == f"env unset 1 unset unset load=1000000 {ROOT}/test/gpu/probe:/site"
-    assert second == f"env unset 1 0 unset load=unset {ROOT}/test/gpu/probe:/site"
-    assert third == f"env unset 1 unset 1 load=unset {ROOT}/test/gpu/probe:/site"
-    assert fourth == "env unset unset unset unset load=unset /site"
+    assert (
+        first
+        == f"env unset 1 unset unset load=1000000 compile=0 {ROOT}/test/gpu/probe:/site"
+    )
+    assert (
+        second
+        == f"env unset 1 0 unset load=unset compile=unset {ROOT}/test/gpu/probe:/site"
+    )
+    assert (
+        third
+        == f"env unset 1 unset 1 load=unset compile=unset {ROOT}/test/gpu/probe:/site"
+    )
+    assert fourth == "env unset unset unset unset load=unset compile=unset /site"
     for run in ("serving", "serving_2", "serving_3", "serving_4"):
         report = res / run / "serving_prefill_graph.json"
         # Summarised once, right after its serving run (before the next one):
@@ -322,8 +356,8 @@ def test_next_block_gdn_serves_issue_13s_runs(block, name, model, engine_test, f
         "burst --quick -- --chunked-prefill-size 512] FOO=unset",
     ]
     assert (tmp / "calls.log.env").read_text().splitlines() == [
-        f"env unset 1 unset unset load=unset {ROOT}/test/gpu/probe:/site",
-        "env unset unset unset unset load=unset /site",
+        f"env unset 1 unset unset load=unset compile=unset {ROOT}/test/gpu/probe:/site",
+        "env unset unset unset unset load=unset compile=unset /site",
     ]
     profile = res / "post" / "serving_profile.json"
     diff = f"post benchmark/profile_diff.py {profile} --a full --b disabled"
