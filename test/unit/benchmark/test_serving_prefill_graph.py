@@ -3,6 +3,9 @@ resolves as the published Qwen3-Next-80B-A3B-FP8 checkpoint does (sglang's own
 ModelConfig dtype and quantization resolution, on CPU)."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,6 +84,39 @@ def test_served_fp8_keeps_what_is_smaller_than_a_block_unquantized(tmp_path, mod
             assert isinstance(method, UnquantizedLinearMethod), (i, name)
     qkvz = quant.get_quant_method(layer, "model.layers.0.linear_attn.in_proj_qkvz")
     assert isinstance(qkvz, Fp8LinearMethod)
+
+
+def test_served_qwen3_5_builds_in_sglang_and_fits_an_h100(tmp_path):
+    """sglang's own Qwen3_5MoeForCausalLM built for the served config at full
+    depth (meta device, in a subprocess: build_served_model.py), with the
+    quantization config its loader reads: it builds (block-quantized modules of
+    fewer outputs than a block stop the build, as a server's would), with FP8
+    experts and projections and bfloat16 embeddings, norms and the small
+    modules, about 36 GB of weights in all: an H100 holds them."""
+    here = Path(__file__).resolve().parent
+    root = here.parents[2]
+    paths = ("python", "sgl-kernel/python", "test", "benchmark")
+    components = root / "test/unit/srt/model_executor/model_runner_components"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [*(str(root / p) for p in paths), str(components)]
+        ),
+    }
+    args = ["qwen3.5-35b-a3b-fp8", str(tmp_path), "40"]
+    done = subprocess.run(
+        [sys.executable, str(here / "build_served_model.py"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    sizes = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(sizes) == {"torch.float8_e4m3fn", "torch.bfloat16", "torch.float32"}
+    assert 33e9 < sizes["torch.float8_e4m3fn"] < 34e9
+    assert 2e9 < sizes["torch.bfloat16"] < 2.2e9
+    assert 35e9 < sum(sizes.values()) < 37e9
 
 
 def test_served_falcon_h1_full_mode_is_what_users_get(tmp_path, monkeypatch):
