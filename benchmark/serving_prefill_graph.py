@@ -159,8 +159,8 @@ def qwen3_next_80b_a3b_fp8(path: Path, layers: int = 48) -> None:
 def qwen3_5_35b_a3b_fp8(path: Path, layers: int = 40) -> None:
     """Qwen3.5-35B-A3B's text model (published dimensions, sglang's
     Qwen3_5MoeForCausalLM) with the FP8 checkpoint's quantization_config: about
-    36 GB of weights (sglang's model built from it on the meta device, CPU test), so it serves on an H100
-    (Qwen3-Next-80B's 75 GB need an H200)."""
+    36 GB of weights (sglang's model built from it on the meta device, a CPU
+    test), so it serves on an H100 (Qwen3-Next-80B's 75 GB need an H200)."""
     from tiny_configs import add_qwen3_next_layout, qwen3_5_35b_a3b_config
 
     config = qwen3_5_35b_a3b_config(layers, max_position_embeddings=32768)
