@@ -3,9 +3,6 @@ resolves as the published Qwen3-Next-80B-A3B-FP8 checkpoint does (sglang's own
 ModelConfig dtype and quantization resolution, on CPU)."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -93,26 +90,10 @@ def test_served_qwen3_5_builds_in_sglang_and_fits_an_h100(tmp_path):
     fewer outputs than a block stop the build, as a server's would), with FP8
     experts and projections and bfloat16 embeddings, norms and the small
     modules, about 36 GB of weights in all: an H100 holds them."""
-    here = Path(__file__).resolve().parent
-    root = here.parents[2]
-    paths = ("python", "sgl-kernel/python", "test", "benchmark")
-    components = root / "test/unit/srt/model_executor/model_runner_components"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(
-            [*(str(root / p) for p in paths), str(components)]
-        ),
-    }
-    args = ["qwen3.5-35b-a3b-fp8", str(tmp_path), "40"]
-    done = subprocess.run(
-        [sys.executable, str(here / "build_served_model.py"), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    sizes = json.loads(done.stdout.strip().splitlines()[-1])
+    from meta_subprocess import run_meta_script
+
+    script = Path(__file__).resolve().parent / "build_served_model.py"
+    sizes = run_meta_script(script, "qwen3.5-35b-a3b-fp8", str(tmp_path), "40")
     assert set(sizes) == {"torch.float8_e4m3fn", "torch.bfloat16", "torch.float32"}
     assert 33e9 < sizes["torch.float8_e4m3fn"] < 34e9
     assert 2e9 < sizes["torch.bfloat16"] < 2.2e9

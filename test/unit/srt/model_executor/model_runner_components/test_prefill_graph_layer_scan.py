@@ -6,12 +6,9 @@ prefills eagerly. Here the prediction meets sglang's own scan on sglang's own
 model classes (scan_prefill_graph_layers.py, in a subprocess: it builds a gloo
 process group)."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+from meta_subprocess import run_meta_script
 from tiny_configs import FAMILIES, _nemotron_h
 
 from sglang.srt.arg_groups.overrides import model_config_of
@@ -42,22 +39,7 @@ def _write(tmp_path) -> dict:
 
 def test_layer_gap_matches_sglangs_own_scan(tmp_path):
     dirs = _write(tmp_path)
-    root = Path(__file__).resolve().parents[5]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(
-            str(root / p) for p in ("python", "sgl-kernel/python", "test")
-        ),
-    }
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), *dirs.values()],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    kept = json.loads(done.stdout.strip().splitlines()[-1])
+    kept = run_meta_script(SCRIPT, *dirs.values())
     sglang = {name: kept[path] for name, path in dirs.items()}
     assert sglang == {
         "nemotron_h": False,
