@@ -11,21 +11,23 @@ import torch
 from tiny_configs import add_qwen3_next_layout, qwen3_5_moe_config, qwen3_next_config
 
 
-def tiny_qwen3_next(path: Path, config=None) -> str:
-    """A tiny random GDN hybrid: Qwen3-Next, or ``config`` (tiny_configs.py's
-    Qwen3.5 MoE)."""
+def _tiny_gdn(path: Path, config) -> str:
+    """A tiny random GDN hybrid of ``config`` (tiny_configs.py's), saved."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    config = config or qwen3_next_config()
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(path)
     add_qwen3_next_layout(path)
     return str(path)
 
 
+def tiny_qwen3_next(path: Path) -> str:
+    return _tiny_gdn(path, qwen3_next_config())
+
+
 def tiny_qwen3_5_moe(path: Path) -> str:
-    return tiny_qwen3_next(path, qwen3_5_moe_config())
+    return _tiny_gdn(path, qwen3_5_moe_config())
 
 
 def prompts(seed: int, lengths, vocab: int = 2048) -> list:

@@ -1,8 +1,9 @@
 """Run in a subprocess by test_serving_prefill_graph.py: write a serving model of
 benchmark/serving_prefill_graph.py (argv: its name, a directory, its depth),
 build sglang's own model class for it on the meta device (one CPU rank on gloo,
-a simulated H100) with the quantization config sglang's loader reads from it,
-and print one JSON object: its parameters' bytes per dtype."""
+a simulated H100) with the quantization config sglang's loader reads from it
+(meta_models.build_on_meta), and print one JSON object: its parameters' bytes
+per dtype."""
 
 import json
 import sys
@@ -12,10 +13,6 @@ import meta_models  # first: it stubs what sglang's model modules import
 import torch
 from benchmark_modules import load_benchmark
 
-from sglang.srt.configs.load_config import LoadConfig
-from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.model_loader.loader import _get_quantization_config
-from sglang.srt.models.registry import ModelRegistry
 from sglang.srt.runtime_context import SpawnRanks, create_context, use_context
 from sglang.srt.server_args import ServerArgs
 from sglang_graphfix.cli import simulated_gpu
@@ -30,11 +27,7 @@ def main(model: str, path: Path, layers: int) -> dict:
         context = create_context(args, role="scheduler", ranks=SpawnRanks(world_rank=0))
         with use_context(context):
             meta_models.init_one_gloo_rank()
-            config = ModelConfig(str(path))
-            quant = _get_quantization_config(config, LoadConfig(load_format="dummy"))
-            cls, _ = ModelRegistry.resolve_model_cls(config.hf_config.architectures)
-            with torch.device("meta"):
-                built = cls(config=config.hf_config, quant_config=quant)
+            _, built = meta_models.build_on_meta(str(path), quantized=True)
     sizes = {}
     for tensor in built.parameters():
         key = str(tensor.dtype)

@@ -32,12 +32,20 @@ def init_one_gloo_rank() -> None:
     parallel_state.initialize_model_parallel(backend="gloo")
 
 
-def build_on_meta(path: str):
-    """(sglang's ModelConfig, sglang's model class built from it on meta)."""
+def build_on_meta(path: str, quantized: bool = False):
+    """(sglang's ModelConfig, sglang's model class built from it on meta);
+    ``quantized``: with the quantization config sglang's loader reads from the
+    model directory, as a server builds it."""
+    from sglang.srt.configs.load_config import LoadConfig
     from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader.loader import _get_quantization_config
     from sglang.srt.models.registry import ModelRegistry
 
     config = ModelConfig(path)
     cls, _ = ModelRegistry.resolve_model_cls(config.hf_config.architectures)
+    kwargs = {}
+    if quantized:
+        load = LoadConfig(load_format="dummy")
+        kwargs["quant_config"] = _get_quantization_config(config, load)
     with torch.device("meta"):
-        return config, cls(config=config.hf_config)
+        return config, cls(config=config.hf_config, **kwargs)
