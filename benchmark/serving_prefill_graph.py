@@ -20,7 +20,7 @@ Nemotron-H-8B-Base's (Mamba2, attention and MLP layers, 8 groups);
 short-conv models' servers run --attention-backend flashinfer in every mode (the
 Mamba2 full graph's checked backend). `tiny`: test/tiny_configs.py's 4-layer
 Qwen3-Next, for a dry run of this script. A synthetic word-level tokenizer of the
-model's vocabulary is written beside the config (no hub access); prompts are
+model's vocabulary is written in a folder of its own (no hub access); prompts are
 random token ids (dataset random-ids, --tokenize-prompt).
 
 Workloads (WORKLOADS): short chat-like prompts (input 16-512, output 1-32) at
@@ -335,13 +335,24 @@ def default_context_length(path: Path) -> int:
     return min(CONTEXT_LENGTH, config.get("max_position_embeddings") or CONTEXT_LENGTH)
 
 
-def word_level_tokenizer(path: Path) -> None:
-    """A tokenizer of the config's vocabulary size, one word per id (no hub):
-    sglang's server and benchmark client load it like any checkpoint's."""
+def tokenizer_dir(model_dir: Path) -> Path:
+    """Where word_level_tokenizer writes: a folder of its own, without the
+    model's config.json. transformers picks its own class for some model
+    types whatever tokenizer_config.json names (Qwen3.5's: Qwen3_5Tokenizer,
+    which rebuilds a byte-level BPE from the vocabulary and encodes these words
+    to no ids at all; sglang's warm-up request then died in every mode,
+    2026-12-07c); from a folder without a config it loads the class named."""
+    return model_dir / "tokenizer"
+
+
+def word_level_tokenizer(model_dir: Path) -> None:
+    """A tokenizer of the config's vocabulary size, one word per id (no hub),
+    in tokenizer_dir: sglang's server (--tokenizer-path) and benchmark client
+    (--tokenizer) load it like any checkpoint's."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab_size = json.loads((path / "config.json").read_text())["vocab_size"]
+    vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     vocab = {f"w{i}": i for i in range(vocab_size - 1)}
     vocab["<unk>"] = vocab_size - 1
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
@@ -349,7 +360,7 @@ def word_level_tokenizer(path: Path) -> None:
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
     PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="<unk>", eos_token="<unk>"
-    ).save_pretrained(path)
+    ).save_pretrained(tokenizer_dir(model_dir))
 
 
 def free_port() -> int:
@@ -362,6 +373,7 @@ def server_command(model_dir: Path, mode: str, port: int, args) -> list:
     return [
         sys.executable, "-m", "sglang.launch_server",
         "--model-path", str(model_dir),
+        "--tokenizer-path", str(tokenizer_dir(model_dir)),
         "--load-format", "dummy",
         "--port", str(port),
         "--host", "127.0.0.1",
@@ -613,7 +625,7 @@ def bench(
     cmd = [
         sys.executable, "-m", "sglang.benchmark.serving",
         "--backend", "sglang", "--host", "127.0.0.1", "--port", str(port),
-        "--model", str(model_dir), "--tokenizer", str(model_dir),
+        "--model", str(model_dir), "--tokenizer", str(tokenizer_dir(model_dir)),
         "--dataset-name", "random-ids", "--tokenize-prompt",
         "--random-input-len", str(inp), "--random-output-len", str(outp),
         "--random-range-ratio", str(ratio), "--num-prompts", str(prompts),

@@ -996,3 +996,43 @@ def test_a_mode_whose_server_dies_prints_why(tmp_path, monkeypatch, capsys):
         out.startswith("full failed: RuntimeError: server exited with 1")
         and cause in out
     )
+
+
+@pytest.mark.parametrize("model", ["qwen3.5-35b-a3b-fp8", "nemotron-h-8b", "tiny"])
+def test_server_and_client_encode_the_words_of_the_written_tokenizer(tmp_path, model):
+    """Every served model's server (the --tokenizer-path sglang's parser reads
+    from server_command, through sglang's get_tokenizer) and benchmark client
+    (bench's --tokenizer, through sglang.benchmark's) encode the word-level
+    tokenizer's words to their ids, and sglang's warm-up text to some ids. With
+    the tokenizer beside Qwen3.5's config, transformers loads Qwen3_5Tokenizer,
+    which encodes both to nothing (every server died in warm-up, 2026-12-07c)."""
+    import argparse
+
+    from sglang.benchmark.utils import get_tokenizer as client_tokenizer
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+
+    bench = load_benchmark("serving_prefill_graph")
+    bench.MODELS[model](tmp_path)
+    bench.word_level_tokenizer(tmp_path)
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    command = bench.server_command(tmp_path, "full", 1, _Args(model))
+    served = parser.parse_args(command[3:])
+
+    class Client:
+        def run(self, argv):
+            return "not run", ""
+
+    run = ("1 x 16 tokens", 16, 1, 1.0, float("inf"), 1, 40)
+    cmd, _ = bench.bench(
+        tmp_path, 1, run, 1.0, tmp_path, client=Client(), profile_dir=tmp_path
+    )
+    tokenizers = {
+        "server": get_tokenizer(served.tokenizer_path, trust_remote_code=False),
+        "client": client_tokenizer(cmd[cmd.index("--tokenizer") + 1]),
+    }
+    for side, tokenizer in tokenizers.items():
+        assert tokenizer("w3 w1 w4").input_ids == [3, 1, 4], side
+        assert tokenizer.decode([3, 1, 4]) == "w3 w1 w4", side
+        assert tokenizer("The capital city of France is").input_ids, side
