@@ -33,7 +33,8 @@
 #
 # qwen3-next (issue 13; docs/next_gpu_blocks.md says what each block answers):
 #  1. Qwen3-Next-80B-A3B's dimensions (FP8), breakable, full and disabled servers
-#     at sglang's default chunking, bursts and long prompts (--quick), each server's
+#     at sglang's default chunking, chat-like traffic at four request rates (up
+#     to all at once), bursts and long prompts (--quick), each server's
 #     8k-16k and 4 x 256 runs profiled: disabled measured beside the other two, and
 #     what the full server spends where breakable's come sooner (with FlashInfer
 #     attention full lost both, 2026-12-05); with the test probe, for its split of
@@ -151,7 +152,7 @@ timeout 300 python3 -m pytest test/gpu/test_kimi_linear_full_prefill_graph.py -k
   -q -rA -p no:cacheprovider >\"\$OUT/kimi_linear_slot_floor.log\" 2>&1"
     fi
     steps=(
-      "$probe --model $model --modes breakable,full,disabled --workloads burst,long --quick --profile long_8k-16k,4_x_256_tokens"
+      "$probe --model $model --modes breakable,full,disabled --workloads chat,burst,long --quick --profile long_8k-16k,4_x_256_tokens"
       "--model $model --modes breakable,full --workloads burst --quick -- --chunked-prefill-size 512"
     )
     ;;

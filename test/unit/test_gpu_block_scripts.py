@@ -350,7 +350,7 @@ def test_next_block_gdn_serves_issue_13s_runs(block, name, model, engine_test):
     serving = [c for c in calls if c.startswith("serving")]
     assert serving == [
         f"serving [--model {model} --modes breakable,full,disabled "
-        "--workloads burst,long --quick --profile long_8k-16k,4_x_256_tokens] "
+        "--workloads chat,burst,long --quick --profile long_8k-16k,4_x_256_tokens] "
         "FOO=unset",
         f"serving [--model {model} --modes breakable,full --workloads "
         "burst --quick -- --chunked-prefill-size 512] FOO=unset",
