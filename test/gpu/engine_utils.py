@@ -139,7 +139,7 @@ def compare(reference: list, candidate: list, *, tol: float) -> dict:
     token is accepted only at a near tie (both runs' best two logprobs within
     ``tol``), and the sequence is compared only up to there.
     """
-    max_diff, splits, compared, mismatches = 0.0, 0, 0, []
+    max_diff, splits, compared, mismatches, gaps = 0.0, 0, 0, [], []
     for i, (a, b) in enumerate(zip(reference, candidate)):
         for t, (ta, tb) in enumerate(zip(a["output_ids"], b["output_ids"])):
             if ta != tb:
@@ -149,6 +149,8 @@ def compare(reference: list, candidate: list, *, tol: float) -> dict:
                 )
                 if tied:
                     splits += 1
+                    # How near the tie was: the wider of the two runs' top-two gaps.
+                    gaps.append(max(r["top2"][t][0] - r["top2"][t][1] for r in (a, b)))
                 else:
                     mismatches.append({"prompt": i, "step": t, "tokens": [ta, tb]})
                 break
@@ -169,6 +171,7 @@ def compare(reference: list, candidate: list, *, tol: float) -> dict:
         "compared_steps": compared,
         "max_logprob_diff": max_diff,
         "near_tie_splits": splits,
+        "near_tie_gaps": gaps,
         "mismatches": mismatches,
     }
 

@@ -55,6 +55,7 @@ def test_near_tie_split_passes_the_match_but_counts_as_divergence():
     b = _out([1, 5, 6], [-0.69] * 3, top2=tie)
     report = compare([a], [b], tol=TOL)
     assert not report["mismatches"] and report["near_tie_splits"] == 1
+    assert report["near_tie_gaps"] == [pytest.approx(0.01)]
     assert diverged(report)
 
 

@@ -998,9 +998,9 @@ def test_a_mode_whose_server_dies_prints_why(tmp_path, monkeypatch, capsys):
     )
 
 
-@pytest.mark.parametrize("model", ["qwen3.5-35b-a3b-fp8", "nemotron-h-8b", "tiny"])
+@pytest.mark.parametrize("model", list(load_benchmark("serving_prefill_graph").MODELS))
 def test_server_and_client_encode_the_words_of_the_written_tokenizer(tmp_path, model):
-    """Every served model's server (the --tokenizer-path sglang's parser reads
+    """Every served model's (MODELS) server (the --tokenizer-path sglang's parser reads
     from server_command, through sglang's get_tokenizer) and benchmark client
     (bench's --tokenizer, through sglang.benchmark's) encode the word-level
     tokenizer's words to their ids, and sglang's warm-up text to some ids. With
