@@ -110,7 +110,7 @@ both=\"\$OUT/one_slot_vs_16_profile.json\"
 rm -f \"\$both.partial\"
 # Triton kernels the full servers compiled, or first loaded onto the GPU, after
 # start-up (sglang's load watch: a compile is logged only where it missed
-# Triton's disk cache, which a block's PRE may have filled, and took a second or
+# Triton's disk cache, which an earlier run may have filled, and took a second or
 # more; step 1's servers log every late compile and every late load, their
 # thresholds of compile time and free memory set to 0 s and above any card's).
 grep -h -e 'to compile after serving started' -e 'device-loaded after serving started' \
@@ -131,7 +131,7 @@ grep -h -e 'to compile after serving started' -e 'device-loaded after serving st
     if ! fa3=$(python3 -c "from sgl_kernel import flash_ops" 2>&1); then
       res=${RES:-/tmp/res}
       mkdir -p "$res"
-      echo "$(date -u +%H:%M:%S) next_block.sh: qwen3-next serves on fa3 (sglang's" \
+      echo "$(date -u +%H:%M:%S) next_block.sh: $block serves on fa3 (sglang's" \
         "default on Hopper), and this site's sgl_kernel does not import FlashAttention-3" \
         "(${fa3##*$'\n'}): carry a bundle re-split without NOFA3=1" \
         "(test/gpu/resplit_bundle.sh)" | tee -a "$res/progress.log" >&2
