@@ -65,6 +65,7 @@ JIT caches add minutes to the first server).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import os
@@ -821,14 +822,15 @@ def recover(folder: Path) -> dict:
     the JSONL rows sglang.benchmark.serving wrote under ``folder``/logs (mode:
     the server's cuda_graph_backend_prefill in each row's server_info; run: the
     row's workload parameters) and its facts from the server logs. Rows of
-    warm-up runs are left out."""
+    warm-up runs are left out. Committed folders keep those files gzipped
+    (benchmark/compact_results.sh); either form is read."""
     report = json.loads((folder / RESULT).read_text())
     logs = folder / "logs"
     found = {}
-    for path in sorted(logs.glob("bench_*.jsonl")):
+    for path in sorted([*logs.glob("bench_*.jsonl"), *logs.glob("bench_*.jsonl.gz")]):
         if "_warmup_" in path.name or "_profile_" in path.name:
             continue
-        row = json.loads(path.read_text().splitlines()[-1])
+        row = json.loads(_read_text(path).splitlines()[-1])
         label = workload_of(row)
         if label is None:  # a workload this version of the script does not run
             continue
@@ -842,9 +844,10 @@ def recover(folder: Path) -> dict:
         if missing:
             entry["runs"].update(missing)
             entry["recovered_from_jsonl"] = sorted(missing)
-        server_log = logs / f"server_{mode}.log"
-        if server_log.exists():
-            text = server_log.read_text(errors="replace")
+        for server_log in (logs / f"server_{mode}.log", logs / f"server_{mode}.log.gz"):
+            if not server_log.exists():
+                continue
+            text = _read_text(server_log)
             entry["server_log"] = log_facts(text)
             entry["server_log"]["ready_s"] = _ready_seconds(text)
     order = [run[0] for runs in WORKLOADS.values() for run in runs]
@@ -853,6 +856,14 @@ def recover(folder: Path) -> dict:
             sorted(entry["runs"].items(), key=lambda kv: order.index(kv[0]))
         )
     return report
+
+
+def _read_text(path: Path) -> str:
+    """A log or JSONL file, or its gzipped form (``.gz``)."""
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt", errors="replace") as f:
+            return f.read()
+    return path.read_text(errors="replace")
 
 
 def _ready_seconds(log: str):

@@ -454,12 +454,22 @@ def _row(mode, inp, outp, ratio, rate, conc, ttft):
     }
 
 
-def test_recover_rebuilds_a_mode_cut_short_from_the_jsonl_rows(tmp_path):
+@pytest.mark.parametrize("gzipped", [False, True], ids=["as_written", "compacted"])
+def test_recover_rebuilds_a_mode_cut_short_from_the_jsonl_rows(tmp_path, gzipped):
     """A mode whose report entry was never written gets its runs back from
     sglang.benchmark.serving's JSONL rows, each matched to its workload by its
     parameters and to its mode by the server's prefill backend; warm-up rows
-    and runs already in the report are left as they are."""
+    and runs already in the report are left as they are. The same from a
+    committed folder, whose logs and rows benchmark/compact_results.sh gzipped."""
+    import gzip
     import json
+
+    def write(path, text):
+        if gzipped:
+            with gzip.open(f"{path}.gz", "wt") as f:
+                f.write(text)
+        else:
+            path.write_text(text)
 
     bench = load_benchmark("serving_prefill_graph")
     logs = tmp_path / "logs"
@@ -476,10 +486,11 @@ def test_recover_rebuilds_a_mode_cut_short_from_the_jsonl_rows(tmp_path):
     }
     for name, row in rows.items():
         row["ttfts"], row["errors"] = [0.026, 0.0], ["", "server gone"]
-        (logs / name).write_text(json.dumps({"ignored": 1}) + "\n" + json.dumps(row))
-    (logs / "server_full.log").write_text(
+        write(logs / name, json.dumps({"ignored": 1}) + "\n" + json.dumps(row))
+    write(
+        logs / "server_full.log",
         "[2026-12-01 20:05:24] sglang-graphfix 0.1.0: applied 20 patches\n"
-        "[2026-12-01 20:07:38] The server is fired up and ready to roll!\n"
+        "[2026-12-01 20:07:38] The server is fired up and ready to roll!\n",
     )
     recovered = bench.recover(tmp_path)["modes"]
     full = recovered["full"]
@@ -924,10 +935,10 @@ def test_a_server_that_died_says_why_in_its_facts():
     taken for one."""
     bench = load_benchmark("serving_prefill_graph")
     root = Path(__file__).resolve().parents[3]
-    died = (
+    died = bench._read_text(
         root / "benchmark/results/gpu/serving_2026-12-05b/qwen3_next_fa3_start_failure"
-        "/logs/server_full.log"
-    ).read_text()
+        "/logs/server_full.log.gz"
+    )
     assert bench.log_facts(died)["exceptions"] == [
         "ImportError: cannot import name 'flash_ops' from 'sgl_kernel' "
         "(/tmp/sglang-site/sgl_kernel/__init__.py)",
