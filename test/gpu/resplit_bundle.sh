@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Re-split the offline GPU bundle into smaller parts, so that one part plus this
-# working tree stays under the device tool's 64 MiB per call (the tracked tree
-# alone is ~12 MB as of 2026-12-03, and the bundle's 60 MB parts then overflow;
-# so do 56 MB ones: 45 MB parts leave room for its growth). Build the bundle
+# working tree stays under the device tool's 64 MiB per call (the bundle's 60 MB
+# parts overflowed beside a tree of ~12 MB on 2026-12-03, and so did 56 MB ones;
+# the tree reached 20.7 MB on 2026-12-07 and is 6.5 MB with its results' logs
+# gzipped, benchmark/compact_results.sh; test/unit/test_repo_size.py holds it
+# to this part size plus 8 MiB under the limit). Build the bundle
 # with `KEEP_FA3=1 bash ../shared/gpu/bundle.sh .gpu-bundle
 # sgl-deep-gemm==0.2.3.post2 sgl-flash-mla==1.0.0 datasets==5.2.0` (datasets, an
 # sglang requirement the shared list leaves out, for sglang.benchmark.serving).
