@@ -19,11 +19,11 @@
 # part: carry [DEST/NN], command `mkdir -p /tmp/gpu-bundle && cp -r DEST/NN /tmp/gpu-bundle/`.
 set -euo pipefail
 src=${1:?usage: resplit_bundle.sh SRC DEST [PART_BYTES]} dest=${2:?}
+bytes=${3:-45000000}
 source "$src/00/MANIFEST"
 join() { for i in $(seq 0 $((parts - 1))); do cat "$src/$(printf '%02d' "$i")/part"; done; }
 rm -rf "$dest" && mkdir -p "$dest"
 if [ "${NOFA3:-0}" = 1 ]; then
-  bytes=${3:-45000000}
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
   mkdir -p "$work/w" "$work/sk"
@@ -37,7 +37,6 @@ if [ "${NOFA3:-0}" = 1 ]; then
   sha256=$(sha256sum "$work/b.tar" | cut -d' ' -f1)
   split -b "$bytes" -d -a 2 "$work/b.tar" "$dest/.part."
 else
-  bytes=${3:-45000000}
   join | split -b "$bytes" -d -a 2 - "$dest/.part."
 fi
 n=0

@@ -32,7 +32,7 @@ def tracked_files():
 
 
 def bundle_part_bytes():
-    """resplit_bundle.sh's default part size (both of its branches)."""
+    """resplit_bundle.sh's default part size."""
     script = (ROOT / "test/gpu/resplit_bundle.sh").read_text()
     sizes = {int(n) for n in re.findall(r"bytes=\$\{3:-(\d+)\}", script)}
     assert len(sizes) == 1, sizes
