@@ -4,9 +4,10 @@ them), against sglang's eager GDN extend (the same calls GDNAttnBackend makes:
 causal_conv1d_fn with host lengths, then the delta rule with cu_seqlens), for
 each prefill kernel the graph captures: sglang's Triton chunk kernels, and the
 FlashInfer GDN prefill (FlashInferGDNKernel.extend, sglang's default on SM90)
-with its eager checkpoint plan for the tracked states. A replay moves no state
-of the bucket's padding request slots: the reserved padding slot keeps what it
-held, whatever the number of real requests."""
+with its eager checkpoint plan for the tracked states, also with only the rows
+past the batch that its tiles load zeroed (GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY).
+A replay moves no state of the bucket's padding request slots: the reserved
+padding slot keeps what it held, whatever the number of real requests."""
 
 from types import SimpleNamespace
 
@@ -28,6 +29,7 @@ from sglang.srt.layers.attention.linear.kernels.gdn_flashinfer import (
     FlashInferGDNKernel,
 )
 from sglang.srt.layers.attention.mamba.causal_conv1d import causal_conv1d_fn
+from sglang_graphfix.srt import full_prefill_graph_capability as capability
 from sglang_graphfix.srt.layers.attention.linear import gdn_prefill_graph
 from sglang_graphfix.srt.layers.attention.linear.gdn_prefill_graph import (
     gdn_extend_in_graph,
@@ -177,21 +179,25 @@ def _track_rows(kernel, lens, prefix, mask, dst):
 class _CapturedExtend:
     """One bucket captured once; every batch replays it after a table refill."""
 
-    def __init__(self, kernel, layer, conv, ssm):
+    def __init__(self, kernel, layer, conv, ssm, max_seqs=MAX_SEQS):
         self.kernel, self.layer, self.conv, self.ssm = kernel, layer, conv, ssm
         self.meta = KDAPrefillGraphMetadata.allocate(
-            num_tokens=BUCKET, max_seqs_cap=MAX_SEQS, track=True,
+            num_tokens=BUCKET, max_seqs_cap=max_seqs, track=True,
             cache_index_dtype=torch.int32, device=DEV,
         )  # fmt: skip
         hv = layer.num_v_heads
         self.x = torch.zeros(BUCKET, _dim(hv), dtype=torch.bfloat16, device=DEV)
         self.a = torch.zeros(BUCKET, hv, dtype=torch.bfloat16, device=DEV)
         self.b = torch.zeros(BUCKET, hv, dtype=torch.bfloat16, device=DEV)
-        self.prefix = torch.zeros(MAX_SEQS, dtype=torch.int64, device=DEV)
+        self.prefix = torch.zeros(max_seqs, dtype=torch.int64, device=DEV)
+        self.batches = [i for i, b in enumerate(BATCHES) if len(b[0]) <= max_seqs]
+        first = BATCHES[self.batches[0]]
         saved = conv.clone(), ssm.clone()
-        self.load(*BATCHES[0][:3], None, *_inputs(sum(BATCHES[0][0]), 0, hv))
+        self.load(*first[:3], None, *_inputs(sum(first[0]), 0, hv))
         real_conv = gdn_prefill_graph.causal_conv1d_fn
+        self.cp_calls = 0
         with pytest.MonkeyPatch.context() as patch:
+            _count_flashinfer_cp_calls(patch, self)
             # Recorded into the graph: every replay leaves NaN past the batch.
             patch.setattr(
                 gdn_prefill_graph,
@@ -235,7 +241,17 @@ class _CapturedExtend:
         return self.out[0, :n]
 
 
-KERNELS = {"triton": lambda: None, "flashinfer": FlashInferGDNKernel}
+# flashinfer_reach: FlashInfer's prefill with GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY
+# (only the rows past the batch that its tiles load are zeroed; the rest stay NaN).
+# flashinfer_1slot: FlashInfer's prefill on tables of one request slot (a graph
+# over one request slot, which a batch of one request replays; at 32 value heads
+# FlashInfer picks its context-parallel algorithm there, as eager does for it).
+KERNELS = {
+    "triton": lambda: None,
+    "flashinfer": FlashInferGDNKernel,
+    "flashinfer_reach": FlashInferGDNKernel,
+    "flashinfer_1slot": FlashInferGDNKernel,
+}
 CASES = [(kernel, hv) for kernel in KERNELS for hv in VALUE_HEADS]
 
 
@@ -245,7 +261,16 @@ def captured(request):
     layer = _layer(hv)
     conv, ssm = _pools(hv)
     kernel = KERNELS[name]()
-    return layer, _CapturedExtend(kernel, layer, conv, ssm), f"{name}_hv{hv}"
+    with pytest.MonkeyPatch.context() as patch:
+        # Read while the extend is traced: the captured graph keeps it.
+        patch.setattr(
+            capability,
+            "GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY",
+            name == "flashinfer_reach",
+        )
+        max_seqs = 1 if name == "flashinfer_1slot" else MAX_SEQS
+        graph = _CapturedExtend(kernel, layer, conv, ssm, max_seqs)
+    return layer, graph, f"{name}_hv{hv}"
 
 
 def _flashinfer_uses_cp(num_seqs, hv) -> bool:
@@ -265,6 +290,23 @@ def _flashinfer_uses_cp(num_seqs, hv) -> bool:
         get_device_name(device),
         device_capability=get_compute_capability(device),
     )
+
+
+def _count_flashinfer_cp_calls(patch, graph):
+    """Count, on ``graph``, the calls of FlashInfer's SM90 context-parallel
+    pipeline while the extend warms up and is captured (which algorithm the
+    graph recorded)."""
+    from flashinfer import gdn_prefill
+
+    real = gdn_prefill.cp_delta_rule_dsl_sm90
+    if real is None:
+        return
+
+    def counted(*args, **kwargs):
+        graph.cp_calls += 1
+        return real(*args, **kwargs)
+
+    patch.setattr(gdn_prefill, "cp_delta_rule_dsl_sm90", counted)
 
 
 def _conv_leaving_nan_past_the_batch(conv):
@@ -311,7 +353,8 @@ def _run_batch(layer, captured, batch_id, corrupt=None):
         **(
             {
                 "flashinfer_cp": {
-                    "graph": _flashinfer_uses_cp(MAX_SEQS, hv),
+                    "graph": _flashinfer_uses_cp(captured.meta.max_seqs, hv),
+                    "graph_captured_cp": captured.cp_calls > 0,
                     "eager": _flashinfer_uses_cp(len(lens), hv),
                 }
             }
@@ -323,13 +366,13 @@ def _run_batch(layer, captured, batch_id, corrupt=None):
 
 def test_replayed_graph_matches_eager_extend(captured):
     layer, graph, kernel = captured
-    diffs = {f"batch{i}": _run_batch(layer, graph, i) for i in range(len(BATCHES))}
+    diffs = {f"batch{i}": _run_batch(layer, graph, i) for i in graph.batches}
     write_result(
         f"gdn_extend_kernel_{kernel}",
         {
             "kernel": kernel,
             "bucket": BUCKET,
-            "max_seqs": MAX_SEQS,
+            "max_seqs": graph.meta.max_seqs,
             "max_abs_diff": diffs,
         },
     )
@@ -337,6 +380,9 @@ def test_replayed_graph_matches_eager_extend(captured):
         assert d["output"] <= 2e-2 * max(1.0, d["output_scale"]), d
         assert d["conv_state"] <= 2e-2 and d["ssm_state"] <= 2e-2, d
         assert d["padding_slot_untouched"], d
+        if "flashinfer_cp" in d:  # the algorithm recorded is the one expected
+            cp = d["flashinfer_cp"]
+            assert cp["graph_captured_cp"] == cp["graph"], d
 
 
 def test_wrong_state_slot_is_detected(captured):
@@ -345,7 +391,7 @@ def test_wrong_state_slot_is_detected(captured):
     d = _run_batch(
         layer,
         graph,
-        0,
+        graph.batches[0],
         corrupt=lambda m: m.cache_indices.masked_fill_(m.cache_indices >= 0, 0),
     )
     write_result(f"gdn_extend_kernel_{kernel}_wrong_state", {"max_abs_diff": d})

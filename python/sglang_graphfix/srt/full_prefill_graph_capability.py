@@ -426,6 +426,21 @@ class LinearFamily:
 FLASHINFER_GDN_CAPTURE_SM: int | None = 90
 
 
+# The captured GDN extend, on FlashInfer's prefill, zeroes in place only the conv
+# output's rows past the batch that the kernel reads (its 64-token tiles reach
+# at most 63 rows past the last sequence; ..layers.attention.linear.
+# gdn_prefill_graph.zero_rows_in_kernel_reach) instead of masking the whole
+# [tokens, conv dim] output out of place. Served at Qwen3.5-35B-A3B's dimensions
+# on an H100 (benchmark/results/gpu/serving_2026-12-07d/, tree 03cf7a4), one
+# prompt of 8k-16k tokens in two 8192-token forwards: that masked_fill and the
+# copy before it took 9.4 and about 4.1 ms of the 31 ms more device time the full
+# graph spent than breakable's eager prefill (its median time to first token
+# 255.0 against 225.8 ms). Off until the captured extend with it equals eager
+# with NaN past the batch on a GPU (test/gpu/test_gdn_extend_kernel.py; test
+# probe GRAPHFIX_PROBE_GDN_ZEROES_KERNEL_REACH_ONLY). False: the whole-output mask.
+GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY = False
+
+
 def flashinfer_gdn_prefill_captures(kernel: str | None, sm: int) -> bool:
     return (
         kernel == "flashinfer"

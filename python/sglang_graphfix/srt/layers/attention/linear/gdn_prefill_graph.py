@@ -70,6 +70,7 @@ from sglang.srt.layers.attention.linear.utils import (
     LinearAttnBackends,
     LinearAttnKernelBackend,
 )
+from sglang_graphfix.srt import full_prefill_graph_capability as capability
 from sglang_graphfix_kernel.masked_state_rows import (
     gather_state_rows,
     scatter_state_rows,
@@ -118,7 +119,10 @@ def gdn_extend_in_graph(
     flashinfer = isinstance(extend_kernel, FlashInferGDNKernel)
     if flashinfer:
         past = rows_past_batch(meta)
-        x = x.masked_fill(past.unsqueeze(-1), 0)
+        if capability.GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY:
+            zero_rows_in_kernel_reach(x, meta)
+        else:
+            x = x.masked_fill(past.unsqueeze(-1), 0)
 
     if layer.q_dim + layer.k_dim + layer.v_dim <= MAX_FUSED_QKV_SPLIT_DIM:
         q, k, v = fused_qkv_split_gdn_prefill(
@@ -157,6 +161,22 @@ def gdn_extend_in_graph(
 def rows_past_batch(meta) -> torch.Tensor:
     """[num_tokens] bool: the bucket's token rows that belong to no sequence."""
     return meta.token_index >= meta.num_logical_tokens
+
+
+def zero_rows_in_kernel_reach(x: torch.Tensor, meta) -> None:
+    """Zero, in place, the rows of ``x`` [num_tokens, dim] past the batch that
+    FlashInfer's GDN prefill loads: it reads whole 64-token tiles from each
+    sequence's start, so the last sequence's last tile reaches at most
+    CHUNK_SIZE - 1 rows past the batch, and the bucket's padding sequences (no
+    tokens) all start where the batch ends. Rows further on are never read and
+    keep whatever they held. Fixed shape: CHUNK_SIZE row indices from the
+    on-device batch length, clamped to the bucket; where the batch fills the
+    bucket they all name its last row, which is written back unchanged."""
+    end = meta.num_logical_tokens.to(torch.int64)
+    offsets = torch.arange(CHUNK_SIZE, device=x.device, dtype=torch.int64)
+    rows = (end + offsets).clamp(max=x.shape[0] - 1)
+    past = (rows >= end).unsqueeze(-1)
+    x.index_copy_(0, rows, x[rows].masked_fill(past, 0))
 
 
 def flashinfer_delta_rule_on_tables(kernel, q, k, v, g, beta, ssm_states, meta, past):

@@ -442,3 +442,45 @@ def _slot_markers(shape) -> torch.Tensor:
         .expand(shape)
         .clone()
     )
+
+
+@pytest.mark.parametrize("end", [16, 250, BUCKET])
+def test_only_the_rows_flashinfer_reads_past_the_batch_are_zeroed(end):
+    """GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY's in-place zeroing: of the rows
+    past a batch of ``end`` tokens, the CHUNK rows that FlashInfer's 64-token
+    tiles can load (clamped to the bucket) become zero; the batch's rows and
+    those beyond the kernel's reach are left as they were (a full bucket: none
+    changes)."""
+    meta = SimpleNamespace(num_logical_tokens=torch.tensor([end], dtype=torch.int32))
+    x = torch.randn(BUCKET, 8)
+    x[end:] = float("nan")
+    before = x.clone()
+    gdn_prefill_graph.zero_rows_in_kernel_reach(x, meta)
+    reach = min(end + CHUNK, BUCKET)
+    assert torch.equal(x[:end], before[:end])
+    assert not x[end:reach].any()
+    assert x[reach:].isnan().all() and reach - end == min(CHUNK, BUCKET - end)
+
+
+def test_the_flashinfer_kernel_reads_no_garbage_with_the_reach_only_zeroing(
+    monkeypatch,
+):
+    """The captured extend with GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY: the
+    FlashInfer kernel's q/k/v are zero past the batch as far as its tiles reach
+    (here the bucket's last 9 rows), from a conv output that is NaN there."""
+    monkeypatch.setattr(capability, "GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY", True)
+    meta, _ = _replayed_without_first_chunk_track(make_gdn())
+    kernel = _RecordingFlashInferKernel()
+    _stub_kernels_around_flashinfer(monkeypatch, {})
+    zeroed = []
+    real_zero = gdn_prefill_graph.zero_rows_in_kernel_reach
+    monkeypatch.setattr(
+        gdn_prefill_graph,
+        "zero_rows_in_kernel_reach",
+        lambda x, m: (zeroed.append(x.shape), real_zero(x, m)),
+    )
+    _, _, _, _, real = _flashinfer_extend(meta, kernel)
+    (call,) = kernel.calls
+    assert zeroed == [(BUCKET, 4 * 128)]
+    for t in (call["q"], call["k"], call["v"]):
+        assert torch.isfinite(t).all() and not t[real:].any()
