@@ -862,6 +862,7 @@ SERVING_NEMOTRON_H_ONE_SLOT = (
 SERVING_NEMOTRON_H_AS_SHIPPED = (
     "gpu/serving_2026-12-07b/nemotron_h_8b_as_shipped/serving_prefill_graph.json"
 )
+SERVING_QWEN3_5 = "gpu/serving_2026-12-07d/qwen3_5_35b_a3b/serving_prefill_graph.json"
 SERVING_FALCON_H1_REQUEST_BUCKETS = (
     "gpu/serving_2026-12-03c/falcon_h1_7b_request_buckets/serving_prefill_graph.json"
 )
@@ -885,6 +886,16 @@ def render() -> str:
         + served_profile()
         + masked_state_copy()
         + gdn_prefill_kernel_choice()
+        + serving(
+            (SERVING_QWEN3_5,),
+            "Qwen3.5-35B-A3B's text model (issue 13; 2026-12-07, tree 03cf7a4, on "
+            "an H100, FP8, dummy weights, sglang's default chunking and fa3 "
+            "attention): breakable and full one after the other (the machine was "
+            "lost while the disabled server started). Full captured FlashInfer's "
+            "GDN prefill over 16 request slots, where FlashInfer runs its plain "
+            "kernel; breakable's eager prefill of one or two prompts runs its "
+            "context-parallel one (benchmark/results/gpu/serving_2026-12-07d/). ",
+        )
         + serving(
             SERVING_NEMOTRON_H,
             "Mamba2 hybrid with MLP layers (issue 16), on which sglang runs every "

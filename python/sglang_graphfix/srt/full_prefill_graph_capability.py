@@ -435,10 +435,14 @@ FLASHINFER_GDN_CAPTURE_SM: int | None = 90
 # prompt of 8k-16k tokens in two 8192-token forwards: that masked_fill and the
 # copy before it took 9.4 and about 4.1 ms of the 31 ms more device time the full
 # graph spent than breakable's eager prefill (its median time to first token
-# 255.0 against 225.8 ms). Off until the captured extend with it equals eager
-# with NaN past the batch on a GPU (test/gpu/test_gdn_extend_kernel.py; test
-# probe GRAPHFIX_PROBE_GDN_ZEROES_KERNEL_REACH_ONLY). False: the whole-output mask.
-GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY = False
+# 255.0 against 225.8 ms). On since the captured extend with it, the conv output
+# NaN past the batch, equalled eager on an H100 exactly as the whole-output mask
+# does (test/gpu/test_gdn_extend_kernel.py, flashinfer_reach at 4 and 32 value
+# heads, 5 batches each, the same differences to the last digit, 0 to 2.4e-4, and
+# the wrong-state control detected; benchmark/results/gpu/gdn_extend_2026-12-07d/,
+# tree dfff1dc). Its served time is not measured yet. False: the whole-output
+# mask.
+GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY = True
 
 
 def flashinfer_gdn_prefill_captures(kernel: str | None, sm: int) -> bool:

@@ -22,8 +22,8 @@ per-row states move from and to the pool for the rows with a request only
 picks its algorithm (context-parallel or not) from the number of sequences,
 here the table's request slots, so a replay may run the other algorithm than an
 eager batch of fewer requests. It also loads whole 64-token
-tiles and masks them by multiplying, so the token rows past the batch (which no
-conv block writes) are zeroed before it. The delta-rule kernels are sglang's (and
+tiles and masks them by multiplying, so the token rows past the batch that its
+tiles reach (which no conv block writes) are zeroed before it. The delta-rule kernels are sglang's (and
 FlashInfer's) own; only their table arguments change.
 """
 

@@ -462,13 +462,21 @@ def test_only_the_rows_flashinfer_reads_past_the_batch_are_zeroed(end):
     assert x[reach:].isnan().all() and reach - end == min(CHUNK, BUCKET - end)
 
 
-def test_the_flashinfer_kernel_reads_no_garbage_with_the_reach_only_zeroing(
-    monkeypatch,
-):
-    """The captured extend with GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY: the
-    FlashInfer kernel's q/k/v are zero past the batch as far as its tiles reach
-    (here the bucket's last 9 rows), from a conv output that is NaN there."""
-    monkeypatch.setattr(capability, "GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY", True)
+def test_the_reach_only_zeroing_ships_on():
+    """On since its GPU check (test/gpu/test_gdn_extend_kernel.py's
+    flashinfer_reach, benchmark/results/gpu/gdn_extend_2026-12-07d/)."""
+    assert capability.GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY is True
+
+
+@pytest.mark.parametrize("reach_only", [True, False])
+def test_the_flashinfer_kernel_reads_no_garbage_past_the_batch(monkeypatch, reach_only):
+    """The captured extend, with GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY (the
+    in-place zeroing of the rows its tiles reach) or without (the whole-output
+    mask): the FlashInfer kernel's q/k/v are zero past the batch (here the
+    bucket's last 9 rows, all within its reach), from a conv output NaN there."""
+    monkeypatch.setattr(
+        capability, "GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY", reach_only
+    )
     meta, _ = _replayed_without_first_chunk_track(make_gdn())
     kernel = _RecordingFlashInferKernel()
     _stub_kernels_around_flashinfer(monkeypatch, {})
@@ -481,6 +489,6 @@ def test_the_flashinfer_kernel_reads_no_garbage_with_the_reach_only_zeroing(
     )
     _, _, _, _, real = _flashinfer_extend(meta, kernel)
     (call,) = kernel.calls
-    assert zeroed == [(BUCKET, 4 * 128)]
+    assert zeroed == ([(BUCKET, 4 * 128)] if reach_only else [])
     for t in (call["q"], call["k"], call["v"]):
         assert torch.isfinite(t).all() and not t[real:].any()
