@@ -14,8 +14,9 @@
 # back: `RES=/tmp/res bash test/gpu/poll_block.sh 300` (progress, and what the
 # block has written so far back through $OUT).
 # Before the first device call, ask the tool's status: while it reports none_now
-# or paused, a run only costs device time (15-90 s a refused start). Send bundle
-# part 00 alone, and parts 01-24 in one message once it came back.
+# or paused, a run only costs device time (15-90 s a refused start). Send the
+# bundle's parts in a few messages of 6-13 calls, each sent as soon as the last
+# answered (the first one tells whether a machine came; docs/next_gpu_blocks.md).
 # GRAPHFIX_COMMIT: the commit as `git rev-parse --short HEAD` gives it on the
 # development machine (the device's .git may be stale; provenance records both).
 # Each device call is a new shell: a later call that runs Python sources this file

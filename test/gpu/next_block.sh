@@ -47,14 +47,20 @@
 #     prompt's every chunk on the graph, its outputs equal to eager.
 #
 # qwen3.5 (issue 13 on an H100, which sessions get far more often than an H200):
-#  the qwen3-next block's two serving steps on Qwen3.5-35B-A3B's text model (FP8,
-#  about 36 GB of weights), then (POST) a tiny Qwen3.5 MoE engine's full graph vs
+#  1. the qwen3-next block's first serving step on Qwen3.5-35B-A3B's text model
+#     (FP8, about 36 GB of weights; served once, 2026-12-07d: full 10-13 % slower
+#     than breakable for one long prompt), as shipped since (the reach-only
+#     zeroing past the batch);
+#  2. the full server with a graph over one request slot per token bucket above
+#     512 (the test probe's GRAPHFIX_PROBE_GDN_SINGLE_REQUEST_GRAPHS=1: FlashInfer's
+#     context-parallel GDN prefill for one prompt, as eager runs it), bursts and
+#     long prompts, profiled as step 1; POST diffs its kernels against step 1's
+#     full server (slots_16_vs_one_slot_kernels.txt);
+#  then (POST) a tiny Qwen3.5 MoE engine's full graph vs
 #  eager on the same kernels and its wrong-state control
 #  (test_hybrid_full_prefill_graph.py -k qwen3_5_moe; 7 min on 2026-12-07c, where
 #  the graph equalled eager and the control stayed inside the old 0.05 on one
-#  batch: again at 0.02). Serving first: its servers have never run (they died in
-#  sglang's warm-up that day, on a tokenizer that encoded nothing). Same fa3
-#  bundle; no Kimi-Linear POST.
+#  batch: again at 0.02). Same fa3 bundle; no Kimi-Linear POST.
 #
 # BLOCK_STEPS=N runs only the first N serving steps (then POST), for a session
 # left with less device time than a whole block (each start that got no machine
@@ -139,11 +145,24 @@ grep -h -e 'to compile after serving started' -e 'device-loaded after serving st
       exit 3
     fi
     model=qwen3-next-80b-a3b-fp8
+    second="--model $model --modes breakable,full --workloads burst --quick -- --chunked-prefill-size 512"
     if [ "$block" = qwen3.5 ]; then
-      # After the servers: a tiny Qwen3.5 MoE engine's graph vs eager on the
-      # same kernels, with the wrong-state control (7 min on 2026-12-07c).
+      # After the servers: step 1's full server (16 request slots) against step
+      # 2's (GDN_SINGLE_REQUEST_GRAPHS: a graph over one slot for one long
+      # prompt), where both summarised; then a tiny Qwen3.5 MoE engine's graph vs
+      # eager on the same kernels, with the wrong-state control (7 min on
+      # 2026-12-07c).
       model=qwen3.5-35b-a3b-fp8
+      second="$probe GRAPHFIX_PROBE_GDN_SINGLE_REQUEST_GRAPHS=1 --model $model --modes full --workloads burst,long --quick --profile long_8k-16k,4_x_256_tokens"
       export POST="$POST
+both=\"\$OUT/slots_16_vs_one_slot_profile.json\"
+[ -s \"\$OUT/serving_profile.json\" ] && [ -s \"\$OUT/serving_2_profile.json\" ] \
+  && timeout 300 python3 benchmark/trace_summary.py \$res/serving/serving_prefill_graph.json \
+    \$res/serving_2/serving_prefill_graph.json >\"\$both.partial\" \
+  && mv \"\$both.partial\" \"\$both\" \
+  && python3 benchmark/profile_diff.py \"\$both\" --a full --b 'full (serving_2)' \
+    --ops kernels >\"\$OUT/slots_16_vs_one_slot_kernels.txt\" 2>&1
+rm -f \"\$both.partial\"
 timeout 600 python3 -m pytest test/gpu/test_hybrid_full_prefill_graph.py -k qwen3_5_moe \
   -q -rA -p no:cacheprovider >\"\$OUT/qwen3_5_moe_engine.log\" 2>&1"
     else
@@ -153,7 +172,7 @@ timeout 300 python3 -m pytest test/gpu/test_kimi_linear_full_prefill_graph.py -k
     fi
     steps=(
       "$probe --model $model --modes breakable,full,disabled --workloads chat,burst,long --quick --profile long_8k-16k,4_x_256_tokens"
-      "--model $model --modes breakable,full --workloads burst --quick -- --chunked-prefill-size 512"
+      "$second"
     )
     ;;
   *)

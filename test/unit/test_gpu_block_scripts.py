@@ -35,6 +35,7 @@ if [ "$1" = benchmark/serving_prefill_graph.py ]; then
     "load=${SGLANG_TRITON_LOAD_WARNING_THRESHOLD_GB:-unset}" \
     "compile=${SGLANG_TRITON_SLOW_COMPILE_THRESHOLD_SECS:-unset} $PYTHONPATH" \
     >>"$BLOCK_CALLS.env"
+  echo "gdn ${GRAPHFIX_PROBE_GDN_SINGLE_REQUEST_GRAPHS:-unset}" >>"$BLOCK_CALLS.gdn"
   mkdir -p "$OUT/logs"
   case " $* " in
     *" --profile "*) echo '{"modes": {"full": {"profiled": {}}}}' ;;
@@ -327,20 +328,30 @@ QWEN3_5_ENGINE = (
 )
 
 
+QWEN3_NEXT_SECOND = (
+    "--modes breakable,full --workloads burst --quick -- --chunked-prefill-size 512"
+)
+QWEN3_5_SECOND = (
+    "--modes full --workloads burst,long --quick --profile long_8k-16k,4_x_256_tokens"
+)
+
+
 @pytest.mark.parametrize(
-    "name, model, engine_test",
+    "name, model, engine_test, second",
     [
-        ("qwen3-next", "qwen3-next-80b-a3b-fp8", KIMI_SLOT_FLOOR),
-        ("qwen3.5", "qwen3.5-35b-a3b-fp8", QWEN3_5_ENGINE),
+        ("qwen3-next", "qwen3-next-80b-a3b-fp8", KIMI_SLOT_FLOOR, QWEN3_NEXT_SECOND),
+        ("qwen3.5", "qwen3.5-35b-a3b-fp8", QWEN3_5_ENGINE, QWEN3_5_SECOND),
     ],
 )
-def test_next_block_gdn_serves_issue_13s_runs(block, name, model, engine_test):
+def test_next_block_gdn_serves_issue_13s_runs(block, name, model, engine_test, second):
     """next_block.sh qwen3-next and qwen3.5: the three servers at sglang's default
-    chunking with their long prompts profiled, then breakable and full at a
-    chunked prefill of 512 (the flag after --, for sglang), the probe on the
-    first's path, the same summaries; qwen3-next runs the Kimi-Linear slot-floor
-    engine test after them, qwen3.5 its tiny Qwen3.5 MoE engine's graph vs eager
-    and control (POST, after the servers: they have never served)."""
+    chunking with their long prompts profiled, the probe on their path, then
+    qwen3-next's breakable and full at a chunked prefill of 512 (the flag after
+    --, for sglang), qwen3.5's full server with the one-slot GDN graphs (the
+    probe's switch), profiled as the first and diffed against its full server;
+    qwen3-next runs the Kimi-Linear slot-floor engine test after them, qwen3.5
+    its tiny Qwen3.5 MoE engine's graph vs eager and control (POST, after the
+    servers)."""
     tmp, env = block
     env["PYTHONPATH"] = "/site"
     done = _run("next_block.sh", [name], env)
@@ -352,19 +363,38 @@ def test_next_block_gdn_serves_issue_13s_runs(block, name, model, engine_test):
         f"serving [--model {model} --modes breakable,full,disabled "
         "--workloads chat,burst,long --quick --profile long_8k-16k,4_x_256_tokens] "
         "FOO=unset",
-        f"serving [--model {model} --modes breakable,full --workloads "
-        "burst --quick -- --chunked-prefill-size 512] FOO=unset",
+        f"serving [--model {model} {second}] FOO=unset",
     ]
+    probe = (
+        f"env unset 1 unset unset load=unset compile=unset {ROOT}/test/gpu/probe:/site"
+    )
+    qwen3_5 = name == "qwen3.5"
     assert (tmp / "calls.log.env").read_text().splitlines() == [
-        f"env unset 1 unset unset load=unset compile=unset {ROOT}/test/gpu/probe:/site",
-        "env unset unset unset unset load=unset compile=unset /site",
+        probe,
+        probe
+        if qwen3_5
+        else "env unset unset unset unset load=unset compile=unset /site",
+    ]
+    assert (tmp / "calls.log.gdn").read_text().splitlines() == [
+        "gdn unset",
+        "gdn 1" if qwen3_5 else "gdn unset",
     ]
     profile = res / "post" / "serving_profile.json"
     diff = f"post benchmark/profile_diff.py {profile} --a full --b disabled"
     assert f"{diff} --ops kernels" in calls
-    # The chunked-512 run profiles nothing: no summary, no diffs of it.
-    assert not [c for c in calls if "serving_2" in c and c.startswith("post ")]
-    assert not (res / "post" / "serving_2_profile.json").exists()
+    both = res / "post" / "slots_16_vs_one_slot_profile.json"
+    one_slot_diff = (
+        f"post benchmark/profile_diff.py {both} --a full --b full (serving_2) "
+        "--ops kernels"
+    )
+    if qwen3_5:  # the one-slot server profiled, and diffed against step 1's full
+        assert (res / "post" / "serving_2_profile.json").exists()
+        assert one_slot_diff in calls
+        assert (res / "post" / "slots_16_vs_one_slot_kernels.txt").exists()
+    else:  # the chunked-512 run profiles nothing: no summary, no diffs of it
+        assert not [c for c in calls if "serving_2" in c and c.startswith("post ")]
+        assert not (res / "post" / "serving_2_profile.json").exists()
+        assert one_slot_diff not in calls
     assert [c for c in calls if c.startswith("pytest")] == [engine_test]
     servers = [i for i, c in enumerate(calls) if c.startswith("serving")]
     assert calls.index(engine_test) > servers[-1]

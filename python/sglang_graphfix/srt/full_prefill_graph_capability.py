@@ -192,6 +192,42 @@ REQUEST_BUCKET_MAX_TOKENS = 512
 MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS = 1536
 
 
+# A GDN full graph on FlashInfer's prefill also captures, for each token bucket
+# above REQUEST_BUCKET_MAX_TOKENS, a graph over one request slot, which a batch
+# of one request replays (the request buckets' capture, as Mamba2's one-slot
+# tier). FlashInfer picks its algorithm from the number of sequences it is
+# handed: its context-parallel pipeline below half the SM count in sequences x
+# value heads (one or two sequences at Qwen3.5's and Qwen3-Next's 32 heads), its
+# plain kernel above; a graph over every request slot hands it all of them, so
+# one long prompt ran the plain kernel under the graph and the context-parallel
+# one eager. Served at Qwen3.5-35B-A3B's dimensions on an H100
+# (benchmark/results/gpu/serving_2026-12-07d/, one prompt of 8k-16k tokens):
+# 24.4 ms of plain kernel under the 16-slot graph against 14.3 ms of
+# context-parallel pipeline in breakable's eager prefill, the largest part of the
+# full graph's 31 ms more device time. Over one slot the captured extend ran the
+# context-parallel pipeline and equalled eager exactly on an H100
+# (test/gpu/test_gdn_extend_kernel.py's flashinfer_1slot, 4 and 32 value heads;
+# benchmark/results/gpu/gdn_extend_2026-12-07d/). Off until a served full graph
+# with it (test probe GRAPHFIX_PROBE_GDN_SINGLE_REQUEST_GRAPHS) is not slower than
+# without; it adds a graph per bucket above the bound (28 at sglang's default
+# buckets up to 8192 tokens). False: one graph per bucket, as before.
+GDN_SINGLE_REQUEST_GRAPHS = False
+
+
+def gdn_request_buckets(
+    num_tokens: int, slots: int, context_len: int | None = None
+) -> tuple[int, ...]:
+    """The request counts for which a GDN full graph's ``num_tokens`` bucket,
+    with ``slots`` request slots, also has a graph (GDN_SINGLE_REQUEST_GRAPHS):
+    one slot above REQUEST_BUCKET_MAX_TOKENS, where more than one slot is
+    captured and sglang's capture batch (requests of at most ``context_len``
+    tokens) is one request."""
+    if not GDN_SINGLE_REQUEST_GRAPHS or num_tokens <= REQUEST_BUCKET_MAX_TOKENS:
+        return ()
+    requests = -(-num_tokens // context_len) if context_len else 1
+    return (1,) if slots > 1 and requests == 1 else ()
+
+
 # The captured Mamba2 conv launched over a block table of the batch's (sequence,
 # block) rows instead of upstream's grid of R + 1 sequences x the bucket's blocks
 # (..layers.attention.mamba.mamba2_prefill_graph's conv_block_table, carried to

@@ -24,6 +24,9 @@ from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
 )
 from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
 from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
+from sglang.srt.layers.attention.linear.kernels.gdn_flashinfer import (
+    FlashInferGDNKernel,
+)
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang_graphfix.srt import full_prefill_graph_capability as capability
 from sglang_graphfix.srt.layers.attention.linear.gdn_backend import (
@@ -119,11 +122,25 @@ def capture_request_buckets(
     also captures a graph: on a Mamba2 backend, capability.mamba2_request_buckets
     (MAMBA2_REQUEST_BUCKETS up to REQUEST_BUCKET_MAX_TOKENS, one slot above up to
     MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS; those holding the capture batch's
-    requests of at most ``context_len`` tokens); none for the other families
-    (their padding request slots move no state)."""
-    if not isinstance(linear, Mamba2AttnBackend):
-        return ()
-    return capability.mamba2_request_buckets(num_tokens, slots, context_len)
+    requests of at most ``context_len`` tokens); on a GDN backend whose prefill
+    kernel is FlashInfer's, capability.gdn_request_buckets (one slot above
+    REQUEST_BUCKET_MAX_TOKENS, GDN_SINGLE_REQUEST_GRAPHS); none for the other
+    families and kernels (their padding request slots move no state)."""
+    if isinstance(linear, Mamba2AttnBackend):
+        return capability.mamba2_request_buckets(num_tokens, slots, context_len)
+    if isinstance(linear, GDNAttnBackend) and isinstance(
+        linear.kernel_dispatcher.extend_kernel, FlashInferGDNKernel
+    ):
+        return capability.gdn_request_buckets(num_tokens, slots, context_len)
+    return ()
+
+
+def single_request_graph_setting(linear) -> str:
+    """The capability setting behind a family's graphs over one request slot
+    above REQUEST_BUCKET_MAX_TOKENS (capture_request_buckets), for the log."""
+    if isinstance(linear, GDNAttnBackend):
+        return "GDN_SINGLE_REQUEST_GRAPHS"
+    return "MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS"
 
 
 def replay_request_slots(hybrid, num_tokens: int, requests: int) -> int | None:

@@ -38,6 +38,7 @@ from sglang_graphfix.srt.layers.attention.hybrid_linear_attn_backend import (
     REQUEST_BUCKETS,
     capture_request_buckets,
     replay_request_slots,
+    single_request_graph_setting,
 )
 from sglang_graphfix.srt.layers.attention.linear.gdn_backend import (
     EAGER_GDN_PREFILL_DEFAULT,
@@ -251,7 +252,8 @@ def request_bucket_label(slots: int) -> str:
 #          full prefill graph over all request slots, capture one graph per
 #          request bucket of the bucket (capture_request_buckets: Mamba2, up to
 #          REQUEST_BUCKET_MAX_TOKENS tokens; one slot above, up to
-#          MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS) and record them on the
+#          MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS; GDN on FlashInfer's prefill,
+#          one slot above, GDN_SINGLE_REQUEST_GRAPHS) and record them on the
 #          HybridLinearAttnBackend.
 # Why:     Every replay runs the linear extend over the graph's request slots,
 #          and upstream's MambaMixer2 does per-sequence state work for each of
@@ -259,6 +261,8 @@ def request_bucket_label(slots: int) -> str:
 #          16-token prompt was 15.9 ms against breakable's 8.5, most of the
 #          difference in per-sequence kernels run for all 17 sequences (issue
 #          13's "a batch of few requests does not pay for many request slots").
+#          FlashInfer's GDN prefill over every slot runs its plain kernel where
+#          one eager prompt runs its faster context-parallel one.
 # How:     Upstream's capture of the shape runs again per request bucket with
 #          CAPTURE_REQUEST_SLOTS set on the attention backend: the
 #          full-attention side still plans every slot, the linear side allocates
@@ -286,10 +290,10 @@ def capture_request_bucket_graphs(original, self, size, *args, **kwargs):
             logger.info(
                 "Full prefill CUDA graph request buckets: token buckets above %d "
                 "up to %d tokens also capture a graph over 1 request slot "
-                "(MAMBA2_SINGLE_REQUEST_GRAPH_MAX_TOKENS); a batch of one request "
-                "replays it.",
+                "(%s); a batch of one request replays it.",
                 bound,
                 size,
+                single_request_graph_setting(hybrid.linear_attn_backend),
             )
         else:
             logger.info(

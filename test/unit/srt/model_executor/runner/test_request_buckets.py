@@ -4,8 +4,10 @@ filing each graph) and PrefillCudaGraphRunner._shape_key: a token bucket up to
 REQUEST_BUCKET_MAX_TOKENS captures a graph over all request slots and one per
 request bucket below them, the linear side's tables of each over its own slots
 (the full-attention side plans every slot), and a batch of fewer requests
-replays, and refills the tables of, the smallest that holds it. Only the
-hardware is stood in for: the capture batch (capture_prepare builds it on the
+replays, and refills the tables of, the smallest that holds it; and the
+graphs over one request slot above that bound (Mamba2's, and GDN's on
+FlashInfer's prefill, GDN_SINGLE_REQUEST_GRAPHS). Only the hardware is stood in
+for: the capture batch (capture_prepare builds it on the
 GPU), the model forward and torch's CUDA graph."""
 
 import contextlib
@@ -79,6 +81,48 @@ def no_dp_attention():
         yield
 
 
+def _full_runner(hybrid, slots, capture_prepare, tables_slots):
+    """sglang's PrefillCudaGraphRunner on its FullCudaGraphBackend, over ``hybrid``
+    with ``slots`` request slots: ``capture_prepare(num_tokens)`` builds the
+    capture batch, and each captured forward records ``tables_slots()`` (the
+    request slots of the linear side's tables it would launch on) in
+    ``runner.captured_slots``."""
+    runner = PrefillCudaGraphRunner.__new__(PrefillCudaGraphRunner)
+    runner._is_full_backend = True
+    runner._capture_req_slots = slots
+    runner._capture_chunked_prefix = runner._capture_lora = False
+    runner.max_context_size = None
+    runner.enable_cp_bcg_capture = False
+    runner.model_runner = SimpleNamespace(
+        attn_backend=hybrid,
+        is_draft_worker=False,
+        model=SimpleNamespace(),
+        model_config=SimpleNamespace(context_len=4096),
+    )
+    runner.track = False
+    runner.capture_prepare = lambda num_tokens: (capture_prepare(num_tokens), hybrid)
+    runner.captured_slots = []
+
+    def run_forward(forward_batch, num_tokens):
+        runner.captured_slots.append(tables_slots())
+        return torch.zeros(num_tokens, 4)
+
+    runner._run_forward = run_forward
+    backend = FullCudaGraphBackend.__new__(FullCudaGraphBackend)
+    backend._graphs, backend._outputs = {}, {}
+    backend._pool = backend._capture_stream = backend._memory_saver_adapter = None
+    backend._cuda_graph_runner = runner
+    backend._device_module = SimpleNamespace(
+        synchronize=lambda: None, graph=lambda **kw: contextlib.nullcontext()
+    )
+    backend._tp_group = SimpleNamespace(barrier=lambda: None)
+    backend._precarve = full_cuda_graph_backend.GraphPoolPrecarve()
+    backend._precarve.minted = True
+    backend._reuse_output_buffer = False
+    runner.backend = backend
+    return runner
+
+
 @pytest.fixture
 def runner(monkeypatch):
     """A full prefill runner of a Mamba2 hybrid with SLOTS request slots, on
@@ -89,19 +133,6 @@ def runner(monkeypatch):
         monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
         linear = mamba2_backend(CHUNK)
         hybrid = hybrid_of(linear, _FullAttn())
-        runner = PrefillCudaGraphRunner.__new__(PrefillCudaGraphRunner)
-        runner._is_full_backend = True
-        runner._capture_req_slots = SLOTS
-        runner._capture_chunked_prefix = runner._capture_lora = False
-        runner.max_context_size = None
-        runner.enable_cp_bcg_capture = False
-        runner.model_runner = SimpleNamespace(
-            attn_backend=hybrid,
-            is_draft_worker=False,
-            model=SimpleNamespace(),
-            model_config=SimpleNamespace(context_len=4096),
-        )
-        runner.track = False
 
         def capture_prepare(num_tokens):
             batch = capture_batch(_case(num_tokens), runner.track)
@@ -112,30 +143,14 @@ def runner(monkeypatch):
             batch.extend_seq_lens = torch.tensor(lens)
             batch.extend_seq_lens_cpu = lens
             batch.lora_ids = batch.global_num_tokens_gpu = None
-            return batch, hybrid
+            return batch
 
-        runner.capture_prepare = capture_prepare
-        runner.captured_slots = []
-
-        def run_forward(forward_batch, num_tokens):
-            # The linear side's tables the captured forward would launch on.
-            tables = linear.forward_metadata.tables
-            runner.captured_slots.append(tables.max_requests)
-            return torch.zeros(num_tokens, 4)
-
-        runner._run_forward = run_forward
-        backend = FullCudaGraphBackend.__new__(FullCudaGraphBackend)
-        backend._graphs, backend._outputs = {}, {}
-        backend._pool = backend._capture_stream = backend._memory_saver_adapter = None
-        backend._cuda_graph_runner = runner
-        backend._device_module = SimpleNamespace(
-            synchronize=lambda: None, graph=lambda **kw: contextlib.nullcontext()
+        runner = _full_runner(
+            hybrid,
+            SLOTS,
+            capture_prepare,
+            lambda: linear.forward_metadata.tables.max_requests,
         )
-        backend._tp_group = SimpleNamespace(barrier=lambda: None)
-        backend._precarve = full_cuda_graph_backend.GraphPoolPrecarve()
-        backend._precarve.minted = True
-        backend._reuse_output_buffer = False
-        runner.backend = backend
         yield runner
 
 
@@ -425,3 +440,135 @@ def test_a_capture_batch_beyond_the_request_bucket_fails_clearly(runner):
     with pytest.raises(RuntimeError, match="holds 2 requests, more than the 1"):
         hybrid.init_forward_metadata_out_graph(batch, in_capture=True)
     assert batch.forward_mode == ForwardMode.EXTEND
+
+
+def _gdn_capture_view(num_tokens):
+    """gdn_stub's capture batch for a bucket of ``num_tokens``: one request over
+    it, zero-length request slots after it."""
+    from gdn_stub import SLOTS_PER_GRAPH, capture_view
+
+    batch = capture_view()
+    lens = [num_tokens] + [0] * (SLOTS_PER_GRAPH - 1)
+    batch.input_ids = torch.zeros(num_tokens, dtype=torch.int64)
+    batch.extend_seq_lens, batch.extend_seq_lens_cpu = torch.tensor(lens), lens
+    batch.logical_forward_mode, batch.spec_info = ForwardMode.EXTEND, None
+    batch.lora_ids = batch.global_num_tokens_gpu = None
+    return batch
+
+
+@pytest.fixture
+def gdn_runner(monkeypatch, request):
+    """A full prefill runner of a GDN hybrid (gdn_stub's backend, 4 request
+    slots) whose prefill kernel is FlashInfer's (``kernel``: its class), on
+    sglang's FullCudaGraphBackend."""
+    from gdn_stub import CHUNK as CHUNK_GDN
+    from gdn_stub import SLOTS_PER_GRAPH, make_gdn
+
+    from sglang.srt.layers.attention.linear.kernels.gdn_flashinfer import (
+        FlashInferGDNKernel,
+    )
+    from sglang_graphfix.srt.layers.attention.linear import (
+        kda_prefill_graph as linear_tables,
+    )
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
+    # The runtime context a scheduler publishes, as the Mamba2 runner's.
+    for patch in graph_runtime(_case(64)):
+        patch.start()
+        request.addfinalizer(patch.stop)
+    monkeypatch.setattr(linear_tables, "mamba_cache_chunk_size", lambda: CHUNK_GDN)
+
+    def build(kernel=FlashInferGDNKernel):
+        linear = make_gdn(extend_kernel=kernel.__new__(kernel))
+        hybrid = hybrid_of(linear, _FullAttn())
+        return _full_runner(
+            hybrid,
+            SLOTS_PER_GRAPH,
+            _gdn_capture_view,
+            lambda: linear.full_prefill_graph_capture.max_seqs,
+        )
+
+    return build
+
+
+def _gdn_one_request_view(bucket, n):
+    """_prepare_forward_metadata_for_replay's slot-padded view of one request of
+    ``n`` tokens (pool row 1, no prefix) in the ``bucket``."""
+    batch = _gdn_capture_view(bucket)
+    lens = [n, 0, 0, 0]
+    batch.extend_seq_lens, batch.extend_seq_lens_cpu = torch.tensor(lens), lens
+    batch.extend_prefix_lens_cpu = [0, 0, 0, 0]
+    batch.req_pool_indices = torch.tensor([1, 0, 0, 0])
+    batch.mamba_track_mask = None
+    return batch
+
+
+def test_gdn_on_flashinfer_captures_one_slot_graphs_above_the_bound(gdn_runner, caplog):
+    """GDN_SINGLE_REQUEST_GRAPHS: on FlashInfer's GDN prefill, a token bucket
+    above REQUEST_BUCKET_MAX_TOKENS also captures a graph over one request slot
+    (its GDN tables over that slot, so FlashInfer gets one sequence and picks its
+    algorithm as for one eager prompt); a batch of one request replays it and
+    refills those tables, two requests the graph over all slots. Smaller
+    buckets capture one graph; the log names the setting."""
+    caplog.set_level(logging.INFO, logger=runner_hooks.__name__)
+    bound = capability.REQUEST_BUCKET_MAX_TOKENS
+    runner = gdn_runner()
+    with mock.patch.object(capability, "GDN_SINGLE_REQUEST_GRAPHS", True):
+        PrefillCudaGraphRunner.capture_one_shape(runner, 2 * bound)
+        PrefillCudaGraphRunner.capture_one_shape(runner, 64)
+    assert set(runner.backend._graphs) == {
+        ShapeKey(size=2 * bound),
+        ShapeKey(size=2 * bound, attention_variant=_variant(1)),
+        ShapeKey(size=64),
+    }
+    assert sorted(set(runner.captured_slots)) == [1, 4]
+    hybrid = runner.model_runner.attn_backend
+    linear = hybrid.linear_attn_backend
+    assert set(linear.full_prefill_graph_tables) == {
+        (2 * bound, 4), (2 * bound, 1), (64, 4)
+    }  # fmt: skip
+    one = _gdn_one_request_view(2 * bound, 2 * bound - 24)
+    assert runner._shape_key(2 * bound, one) == ShapeKey(
+        size=2 * bound, attention_variant=_variant(1)
+    )
+    hybrid.init_forward_metadata_out_graph(one, in_capture=False)
+    meta = linear.full_prefill_graph_tables[2 * bound, 1]
+    assert meta.cu_seqlens.tolist() == [0, 2 * bound - 24]
+    two = _gdn_one_request_view(2 * bound, bound)
+    two.extend_seq_lens_cpu = [bound, bound - 24, 0, 0]
+    assert runner._shape_key(2 * bound, two) == ShapeKey(size=2 * bound)
+    logged = [
+        r.getMessage() for r in caplog.records if "request buckets" in r.getMessage()
+    ]
+    assert logged == [
+        f"Full prefill CUDA graph request buckets: token buckets above {bound} up "
+        f"to {2 * bound} tokens also capture a graph over 1 request slot "
+        "(GDN_SINGLE_REQUEST_GRAPHS); a batch of one request replays it."
+    ]
+
+
+@pytest.mark.parametrize("kernel", ["flashinfer switched off", "triton"])
+def test_gdn_captures_one_graph_per_bucket_otherwise(gdn_runner, kernel):
+    """Switched off (as shipped), or on sglang's Triton GDN prefill (whose
+    launches do not depend on the sequences it is handed): one graph a bucket."""
+    from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
+
+    bound = capability.REQUEST_BUCKET_MAX_TOKENS
+    triton = kernel == "triton"
+    runner = gdn_runner(TritonGDNKernel) if triton else gdn_runner()
+    with mock.patch.object(capability, "GDN_SINGLE_REQUEST_GRAPHS", triton):
+        PrefillCudaGraphRunner.capture_one_shape(runner, 2 * bound)
+    assert set(runner.backend._graphs) == {ShapeKey(size=2 * bound)}
+    one = _gdn_one_request_view(2 * bound, 2 * bound - 24)
+    assert runner._shape_key(2 * bound, one) == ShapeKey(size=2 * bound)
+
+
+def test_gdn_single_request_graphs_ship_off():
+    """Off until a served full graph with them is not slower than without
+    (GDN_SINGLE_REQUEST_GRAPHS' comment)."""
+    assert capability.GDN_SINGLE_REQUEST_GRAPHS is False
+    with mock.patch.object(capability, "GDN_SINGLE_REQUEST_GRAPHS", True):
+        assert capability.gdn_request_buckets(1024, 16) == (1,)
+        assert capability.gdn_request_buckets(512, 16) == ()  # the bound
+        assert capability.gdn_request_buckets(1024, 1) == ()  # already one slot
+        assert capability.gdn_request_buckets(1024, 16, 512) == ()  # 2 requests
