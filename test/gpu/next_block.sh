@@ -56,7 +56,9 @@
 #     context-parallel GDN prefill for one prompt, as eager runs it), bursts and
 #     long prompts, profiled as step 1; POST diffs its kernels against step 1's
 #     full server (slots_16_vs_one_slot_kernels.txt);
-#  then (POST) a tiny Qwen3.5 MoE engine's full graph vs
+#  then (POST) the one-slot captured extend with the reach-only zeroing, as both
+#  would ship (test_gdn_extend_kernel.py -k 1slot), and a tiny Qwen3.5 MoE
+#  engine's full graph vs
 #  eager on the same kernels and its wrong-state control
 #  (test_hybrid_full_prefill_graph.py -k qwen3_5_moe; 7 min on 2026-12-07c, where
 #  the graph equalled eager and the control stayed inside the old 0.05 on one
@@ -100,20 +102,26 @@ for run in serving serving_2 serving_3 serving_4; do
     done
   done
 done'
+# POST's lines for step 1's full server against step 2's, where both summarised
+# (their traces parse): one summary of the two reports, bounded and kept only
+# when whole, into $OUT/NAME_profile.json, and its kernels diffed into
+# $OUT/NAME_kernels.txt.
+cross_step_diff() {
+  printf '%s' "
+both=\"\$OUT/$1_profile.json\"
+[ -s \"\$OUT/serving_profile.json\" ] && [ -s \"\$OUT/serving_2_profile.json\" ] \\
+  && timeout 300 python3 benchmark/trace_summary.py \$res/serving/serving_prefill_graph.json \\
+    \$res/serving_2/serving_prefill_graph.json >\"\$both.partial\" \\
+  && mv \"\$both.partial\" \"\$both\" \\
+  && python3 benchmark/profile_diff.py \"\$both\" --a full --b 'full (serving_2)' \\
+    --ops kernels >\"\$OUT/$1_kernels.txt\" 2>&1
+rm -f \"\$both.partial\""
+}
 case $block in
   mamba2)
-    export POST="$POST
-# Step 1's full server (one-slot graphs, as shipped) against step 2's (without
-# them), where both summarised (their traces parse); bounded, and kept only when
-# whole.
-both=\"\$OUT/one_slot_vs_16_profile.json\"
-[ -s \"\$OUT/serving_profile.json\" ] && [ -s \"\$OUT/serving_2_profile.json\" ] \
-  && timeout 300 python3 benchmark/trace_summary.py \$res/serving/serving_prefill_graph.json \
-    \$res/serving_2/serving_prefill_graph.json >\"\$both.partial\" \
-  && mv \"\$both.partial\" \"\$both\" \
-  && python3 benchmark/profile_diff.py \"\$both\" --a full --b 'full (serving_2)' \
-    --ops kernels >\"\$OUT/one_slot_vs_16_kernels.txt\" 2>&1
-rm -f \"\$both.partial\"
+    # Step 1's full server (one-slot graphs, as shipped) against step 2's
+    # (without them).
+    export POST="$POST$(cross_step_diff one_slot_vs_16)
 # Triton kernels the full servers compiled, or first loaded onto the GPU, after
 # start-up (sglang's load watch: a compile is logged only where it missed
 # Triton's disk cache, which an earlier run may have filled, and took a second or
@@ -149,20 +157,15 @@ grep -h -e 'to compile after serving started' -e 'device-loaded after serving st
     if [ "$block" = qwen3.5 ]; then
       # After the servers: step 1's full server (16 request slots) against step
       # 2's (GDN_SINGLE_REQUEST_GRAPHS: a graph over one slot for one long
-      # prompt), where both summarised; then a tiny Qwen3.5 MoE engine's graph vs
-      # eager on the same kernels, with the wrong-state control (7 min on
-      # 2026-12-07c).
+      # prompt), where both summarised; the one-slot captured extend with the
+      # reach-only zeroing, as they would ship (about 1.5 min); then a tiny
+      # Qwen3.5 MoE engine's graph vs eager on the same kernels, with the
+      # wrong-state control (7 min on 2026-12-07c).
       model=qwen3.5-35b-a3b-fp8
       second="$probe GRAPHFIX_PROBE_GDN_SINGLE_REQUEST_GRAPHS=1 --model $model --modes full --workloads burst,long --quick --profile long_8k-16k,4_x_256_tokens"
-      export POST="$POST
-both=\"\$OUT/slots_16_vs_one_slot_profile.json\"
-[ -s \"\$OUT/serving_profile.json\" ] && [ -s \"\$OUT/serving_2_profile.json\" ] \
-  && timeout 300 python3 benchmark/trace_summary.py \$res/serving/serving_prefill_graph.json \
-    \$res/serving_2/serving_prefill_graph.json >\"\$both.partial\" \
-  && mv \"\$both.partial\" \"\$both\" \
-  && python3 benchmark/profile_diff.py \"\$both\" --a full --b 'full (serving_2)' \
-    --ops kernels >\"\$OUT/slots_16_vs_one_slot_kernels.txt\" 2>&1
-rm -f \"\$both.partial\"
+      export POST="$POST$(cross_step_diff slots_16_vs_one_slot)
+timeout 300 python3 -m pytest test/gpu/test_gdn_extend_kernel.py -k 1slot \
+  -q -rA -p no:cacheprovider >\"\$OUT/gdn_extend_kernel_1slot.log\" 2>&1
 timeout 600 python3 -m pytest test/gpu/test_hybrid_full_prefill_graph.py -k qwen3_5_moe \
   -q -rA -p no:cacheprovider >\"\$OUT/qwen3_5_moe_engine.log\" 2>&1"
     else

@@ -326,6 +326,10 @@ QWEN3_5_ENGINE = (
     "pytest -m pytest test/gpu/test_hybrid_full_prefill_graph.py -k qwen3_5_moe "
     "-q -rA -p no:cacheprovider"
 )
+GDN_ONE_SLOT_EXTEND = (
+    "pytest -m pytest test/gpu/test_gdn_extend_kernel.py -k 1slot "
+    "-q -rA -p no:cacheprovider"
+)
 
 
 QWEN3_NEXT_SECOND = (
@@ -395,7 +399,8 @@ def test_next_block_gdn_serves_issue_13s_runs(block, name, model, engine_test, s
         assert not [c for c in calls if "serving_2" in c and c.startswith("post ")]
         assert not (res / "post" / "serving_2_profile.json").exists()
         assert one_slot_diff not in calls
-    assert [c for c in calls if c.startswith("pytest")] == [engine_test]
+    gpu_tests = [GDN_ONE_SLOT_EXTEND, engine_test] if qwen3_5 else [engine_test]
+    assert [c for c in calls if c.startswith("pytest")] == gpu_tests
     servers = [i for i, c in enumerate(calls) if c.startswith("serving")]
     assert calls.index(engine_test) > servers[-1]
     assert "post rc=0" in (res / "progress.log").read_text()

@@ -21,10 +21,12 @@ per-row states move from and to the pool for the rows with a request only
 (sgl-kernel's masked_state_rows), not for every request slot of the bucket. It
 picks its algorithm (context-parallel or not) from the number of sequences,
 here the table's request slots, so a replay may run the other algorithm than an
-eager batch of fewer requests. It also loads whole 64-token
-tiles and masks them by multiplying, so the token rows past the batch that its
-tiles reach (which no conv block writes) are zeroed before it. The delta-rule kernels are sglang's (and
-FlashInfer's) own; only their table arguments change.
+eager batch of fewer requests (a graph over one request slot,
+GDN_SINGLE_REQUEST_GRAPHS, runs eager's for one request). It also loads whole
+64-token tiles and masks them by multiplying, so the token rows past the batch
+that its tiles reach (which no conv block writes) are zeroed before it. The
+delta-rule kernels are sglang's (and FlashInfer's) own; only their table
+arguments change.
 """
 
 from __future__ import annotations
@@ -79,6 +81,11 @@ from sglang_graphfix_kernel.masked_state_rows import (
 # The tables are KDA's; they describe GDN's chunking only because both use the
 # FLA delta-rule chunk of 64 tokens.
 assert KDA_CHUNK_SIZE == CHUNK_SIZE, (KDA_CHUNK_SIZE, CHUNK_SIZE)
+
+# The rows a tile of FlashInfer's SM90 GDN prefill loads (its varlen_helper.BLK;
+# both its plain kernel and its context-parallel pipeline load 64-row tiles from
+# each sequence's start): how far past the batch it reads.
+FLASHINFER_GDN_TILE_ROWS = 64
 
 # Untracked rows of a snapshot scatter land in the reserved mamba padding slot.
 _PADDING_SLOT = 0
@@ -165,15 +172,18 @@ def rows_past_batch(meta) -> torch.Tensor:
 
 def zero_rows_in_kernel_reach(x: torch.Tensor, meta) -> None:
     """Zero, in place, the rows of ``x`` [num_tokens, dim] past the batch that
-    FlashInfer's GDN prefill loads: it reads whole 64-token tiles from each
-    sequence's start, so the last sequence's last tile reaches at most
-    CHUNK_SIZE - 1 rows past the batch, and the bucket's padding sequences (no
-    tokens) all start where the batch ends. Rows further on are never read and
-    keep whatever they held. Fixed shape: CHUNK_SIZE row indices from the
-    on-device batch length, clamped to the bucket; where the batch fills the
-    bucket they all name its last row, which is written back unchanged."""
+    FlashInfer's GDN prefill loads: it reads whole tiles of
+    FLASHINFER_GDN_TILE_ROWS from each sequence's start, so the last sequence's
+    last tile reaches at most FLASHINFER_GDN_TILE_ROWS - 1 rows past the batch,
+    and the bucket's padding sequences (no tokens) all start where the batch
+    ends. Rows further on are never read and keep whatever they held. Fixed
+    shape: FLASHINFER_GDN_TILE_ROWS row indices from the on-device batch length,
+    clamped to the bucket's last row. Indices the clamp repeats always carry
+    equal values, so the order of the copies does not matter: zero where the
+    bucket's last row is past the batch, its own value (written back unchanged)
+    where the batch fills the bucket."""
     end = meta.num_logical_tokens.to(torch.int64)
-    offsets = torch.arange(CHUNK_SIZE, device=x.device, dtype=torch.int64)
+    offsets = torch.arange(FLASHINFER_GDN_TILE_ROWS, device=x.device, dtype=torch.int64)
     rows = (end + offsets).clamp(max=x.shape[0] - 1)
     past = (rows >= end).unsqueeze(-1)
     x.index_copy_(0, rows, x[rows].masked_fill(past, 0))

@@ -444,22 +444,31 @@ def _slot_markers(shape) -> torch.Tensor:
     )
 
 
-@pytest.mark.parametrize("end", [16, 250, BUCKET])
-def test_only_the_rows_flashinfer_reads_past_the_batch_are_zeroed(end):
+@pytest.mark.parametrize(
+    "bucket, end, zeroed",
+    [(BUCKET, 16, CHUNK), (BUCKET, 250, 6), (BUCKET, BUCKET, 0), (16, 5, 11)],
+)
+def test_only_the_rows_flashinfer_reads_past_the_batch_are_zeroed(bucket, end, zeroed):
     """GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY's in-place zeroing: of the rows
-    past a batch of ``end`` tokens, the CHUNK rows that FlashInfer's 64-token
-    tiles can load (clamped to the bucket) become zero; the batch's rows and
-    those beyond the kernel's reach are left as they were (a full bucket: none
-    changes)."""
+    past a batch of ``end`` tokens, the 64 that FlashInfer's tiles can load
+    (clamped to the bucket) become zero; the batch's rows and those beyond the
+    kernel's reach are left as they were (a full bucket: none changes)."""
     meta = SimpleNamespace(num_logical_tokens=torch.tensor([end], dtype=torch.int32))
-    x = torch.randn(BUCKET, 8)
+    x = torch.randn(bucket, 8)
     x[end:] = float("nan")
     before = x.clone()
     gdn_prefill_graph.zero_rows_in_kernel_reach(x, meta)
-    reach = min(end + CHUNK, BUCKET)
     assert torch.equal(x[:end], before[:end])
-    assert not x[end:reach].any()
-    assert x[reach:].isnan().all() and reach - end == min(CHUNK, BUCKET - end)
+    assert not x[end : end + zeroed].any()
+    assert x[end + zeroed :].isnan().all()
+
+
+def test_the_zeroed_reach_is_flashinfers_tile():
+    """The rows zeroed past the batch are FlashInfer's GDN prefill tile, which
+    its SM90 kernels load from each sequence's start."""
+    from flashinfer.gdn_kernels.delta_rule_dsl import varlen_helper
+
+    assert gdn_prefill_graph.FLASHINFER_GDN_TILE_ROWS == varlen_helper.BLK == CHUNK
 
 
 def test_the_reach_only_zeroing_ships_on():
@@ -472,8 +481,9 @@ def test_the_reach_only_zeroing_ships_on():
 def test_the_flashinfer_kernel_reads_no_garbage_past_the_batch(monkeypatch, reach_only):
     """The captured extend, with GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY (the
     in-place zeroing of the rows its tiles reach) or without (the whole-output
-    mask): the FlashInfer kernel's q/k/v are zero past the batch (here the
-    bucket's last 9 rows, all within its reach), from a conv output NaN there."""
+    mask): the FlashInfer kernel's q/k/v are zero in the rows past the batch
+    that its tiles load (here the bucket's last 9 rows, all of them within
+    reach), from a conv output NaN there."""
     monkeypatch.setattr(
         capability, "GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY", reach_only
     )
@@ -490,5 +500,6 @@ def test_the_flashinfer_kernel_reads_no_garbage_past_the_batch(monkeypatch, reac
     _, _, _, _, real = _flashinfer_extend(meta, kernel)
     (call,) = kernel.calls
     assert zeroed == ([(BUCKET, 4 * 128)] if reach_only else [])
+    assert BUCKET - real < CHUNK  # every row past the batch is within reach
     for t in (call["q"], call["k"], call["v"]):
-        assert torch.isfinite(t).all() and not t[real:].any()
+        assert torch.isfinite(t).all() and not t[real : real + CHUNK].any()
