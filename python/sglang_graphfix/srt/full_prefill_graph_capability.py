@@ -224,8 +224,9 @@ def gdn_request_buckets(
     tokens) is one request."""
     if not GDN_SINGLE_REQUEST_GRAPHS or num_tokens <= REQUEST_BUCKET_MAX_TOKENS:
         return ()
-    requests = -(-num_tokens // context_len) if context_len else 1
-    return (1,) if slots > 1 and requests == 1 else ()
+    return _holding_the_capture_batch(
+        (1,) if slots > 1 else (), num_tokens, context_len
+    )
 
 
 # The captured Mamba2 conv launched over a block table of the batch's (sequence,
@@ -303,6 +304,13 @@ def mamba2_request_buckets(
         counts = (1,) if num_tokens <= largest and most > 1 else ()
     else:
         counts = tuple(r for r in sorted(MAMBA2_REQUEST_BUCKETS) if r < most)
+    return _holding_the_capture_batch(counts, num_tokens, context_len)
+
+
+def _holding_the_capture_batch(counts, num_tokens: int, context_len: int | None):
+    """The request counts of ``counts`` that hold sglang's capture batch for the
+    ``num_tokens`` bucket, which splits it into requests of at most
+    ``context_len`` tokens (one request without it)."""
     requests = -(-num_tokens // context_len) if context_len else 1
     return tuple(r for r in counts if r >= requests)
 
