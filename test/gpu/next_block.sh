@@ -56,8 +56,14 @@
 #     context-parallel GDN prefill for one prompt, as eager runs it), bursts and
 #     long prompts, profiled as step 1; POST diffs its kernels against step 1's
 #     full server (slots_16_vs_one_slot_kernels.txt);
+#  3. step 1's full server with the prefix-cache snapshot in one kernel launch a
+#     layer (the test probe's GRAPHFIX_PROBE_GDN_TRACK_SNAPSHOT_KERNEL=1: no
+#     gather of every request slot's state first), the same runs profiled; POST
+#     diffs its kernels against step 1's full server
+#     (track_gather_vs_kernel_kernels.txt);
 #  then (POST) the one-slot captured extend with the reach-only zeroing, as both
-#  would ship (test_gdn_extend_kernel.py -k 1slot), and a tiny Qwen3.5 MoE
+#  would ship, and the captured extend with the snapshot kernel
+#  (test_gdn_extend_kernel.py -k "1slot or track_kernel"), and a tiny Qwen3.5 MoE
 #  engine's full graph vs
 #  eager on the same kernels and its wrong-state control
 #  (test_hybrid_full_prefill_graph.py -k qwen3_5_moe; 7 min on 2026-12-07c, where
@@ -102,18 +108,19 @@ for run in serving serving_2 serving_3 serving_4; do
     done
   done
 done'
-# POST's lines for step 1's full server against step 2's, where both summarised
-# (their traces parse): one summary of the two reports, bounded and kept only
-# when whole, into $OUT/NAME_profile.json, and its kernels diffed into
-# $OUT/NAME_kernels.txt.
+# POST's lines for step 1's full server against a later step's (RUN, serving_2
+# unless given), where both summarised (their traces parse): one summary of the
+# two reports, bounded and kept only when whole, into $OUT/NAME_profile.json,
+# and its kernels diffed into $OUT/NAME_kernels.txt.
 cross_step_diff() {
+  local run=${2:-serving_2}
   printf '%s' "
 both=\"\$OUT/$1_profile.json\"
-[ -s \"\$OUT/serving_profile.json\" ] && [ -s \"\$OUT/serving_2_profile.json\" ] \\
+[ -s \"\$OUT/serving_profile.json\" ] && [ -s \"\$OUT/${run}_profile.json\" ] \\
   && timeout 300 python3 benchmark/trace_summary.py \$res/serving/serving_prefill_graph.json \\
-    \$res/serving_2/serving_prefill_graph.json >\"\$both.partial\" \\
+    \$res/$run/serving_prefill_graph.json >\"\$both.partial\" \\
   && mv \"\$both.partial\" \"\$both\" \\
-  && python3 benchmark/profile_diff.py \"\$both\" --a full --b 'full (serving_2)' \\
+  && python3 benchmark/profile_diff.py \"\$both\" --a full --b 'full ($run)' \\
     --ops kernels >\"\$OUT/$1_kernels.txt\" 2>&1
 rm -f \"\$both.partial\""
 }
@@ -154,18 +161,22 @@ grep -h -e 'to compile after serving started' -e 'device-loaded after serving st
     fi
     model=qwen3-next-80b-a3b-fp8
     second="--model $model --modes breakable,full --workloads burst --quick -- --chunked-prefill-size 512"
+    third=()
     if [ "$block" = qwen3.5 ]; then
       # After the servers: step 1's full server (16 request slots) against step
       # 2's (GDN_SINGLE_REQUEST_GRAPHS: a graph over one slot for one long
-      # prompt), where both summarised; the one-slot captured extend with the
-      # reach-only zeroing, as they would ship (about 1.5 min); then a tiny
-      # Qwen3.5 MoE engine's graph vs eager on the same kernels, with the
-      # wrong-state control (7 min on 2026-12-07c).
+      # prompt) and step 3's (GDN_TRACK_SNAPSHOT_KERNEL), where both summarised;
+      # the one-slot captured extend with the reach-only zeroing, as they would
+      # ship, and the captured extend with the snapshot kernel (about 2 min);
+      # then a tiny Qwen3.5 MoE engine's graph vs eager on the same kernels,
+      # with the wrong-state control (7 min on 2026-12-07c).
       model=qwen3.5-35b-a3b-fp8
-      second="$probe GRAPHFIX_PROBE_GDN_SINGLE_REQUEST_GRAPHS=1 --model $model --modes full --workloads burst,long --quick --profile long_8k-16k,4_x_256_tokens"
-      export POST="$POST$(cross_step_diff slots_16_vs_one_slot)
-timeout 300 python3 -m pytest test/gpu/test_gdn_extend_kernel.py -k 1slot \
-  -q -rA -p no:cacheprovider >\"\$OUT/gdn_extend_kernel_1slot.log\" 2>&1
+      later="--model $model --modes full --workloads burst,long --quick --profile long_8k-16k,4_x_256_tokens"
+      second="$probe GRAPHFIX_PROBE_GDN_SINGLE_REQUEST_GRAPHS=1 $later"
+      third=("$probe GRAPHFIX_PROBE_GDN_TRACK_SNAPSHOT_KERNEL=1 $later")
+      export POST="$POST$(cross_step_diff slots_16_vs_one_slot)$(cross_step_diff track_gather_vs_kernel serving_3)
+timeout 300 python3 -m pytest test/gpu/test_gdn_extend_kernel.py -k '1slot or track_kernel' \
+  -q -rA -p no:cacheprovider >\"\$OUT/gdn_extend_kernel.log\" 2>&1
 timeout 600 python3 -m pytest test/gpu/test_hybrid_full_prefill_graph.py -k qwen3_5_moe \
   -q -rA -p no:cacheprovider >\"\$OUT/qwen3_5_moe_engine.log\" 2>&1"
     else
@@ -176,6 +187,7 @@ timeout 300 python3 -m pytest test/gpu/test_kimi_linear_full_prefill_graph.py -k
     steps=(
       "$probe --model $model --modes breakable,full,disabled --workloads chat,burst,long --quick --profile long_8k-16k,4_x_256_tokens"
       "$second"
+      "${third[@]}"
     )
     ;;
   *)

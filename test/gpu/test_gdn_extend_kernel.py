@@ -5,7 +5,8 @@ causal_conv1d_fn with host lengths, then the delta rule with cu_seqlens), for
 each prefill kernel the graph captures: sglang's Triton chunk kernels, and the
 FlashInfer GDN prefill (FlashInferGDNKernel.extend, sglang's default on SM90)
 with its eager checkpoint plan for the tracked states, also with only the rows
-past the batch that its tiles load zeroed (GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY).
+past the batch that its tiles load zeroed (GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY),
+and with the prefix-cache snapshot in one kernel launch (GDN_TRACK_SNAPSHOT_KERNEL).
 A replay moves no state of the bucket's padding request slots: the reserved
 padding slot keeps what it held, whatever the number of real requests."""
 
@@ -248,11 +249,16 @@ class _CapturedExtend:
 # FlashInfer picks its context-parallel algorithm there, as eager does for it),
 # with the reach-only zeroing, as both would ship (run with the whole-output
 # mask on 2026-12-07d, tree dfff1dc).
+# *_track_kernel: the prefix-cache snapshot in one launch of sgl-kernel's
+# snapshot_state_rows (GDN_TRACK_SNAPSHOT_KERNEL), on Triton's chunk states and
+# on FlashInfer's checkpoints (with the reach-only zeroing, as it ships).
 KERNELS = {
     "triton": lambda: None,
     "flashinfer": FlashInferGDNKernel,
     "flashinfer_reach": FlashInferGDNKernel,
     "flashinfer_1slot": FlashInferGDNKernel,
+    "triton_track_kernel": lambda: None,
+    "flashinfer_track_kernel": FlashInferGDNKernel,
 }
 CASES = [(kernel, hv) for kernel in KERNELS for hv in VALUE_HEADS]
 
@@ -269,6 +275,9 @@ def captured(request):
             capability,
             "GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY",
             name != "flashinfer",
+        )
+        patch.setattr(
+            capability, "GDN_TRACK_SNAPSHOT_KERNEL", name.endswith("_track_kernel")
         )
         max_seqs = 1 if name == "flashinfer_1slot" else MAX_SEQS
         graph = _CapturedExtend(kernel, layer, conv, ssm, max_seqs)

@@ -35,7 +35,8 @@ if [ "$1" = benchmark/serving_prefill_graph.py ]; then
     "load=${SGLANG_TRITON_LOAD_WARNING_THRESHOLD_GB:-unset}" \
     "compile=${SGLANG_TRITON_SLOW_COMPILE_THRESHOLD_SECS:-unset} $PYTHONPATH" \
     >>"$BLOCK_CALLS.env"
-  echo "gdn ${GRAPHFIX_PROBE_GDN_SINGLE_REQUEST_GRAPHS:-unset}" >>"$BLOCK_CALLS.gdn"
+  echo "gdn ${GRAPHFIX_PROBE_GDN_SINGLE_REQUEST_GRAPHS:-unset}" \
+    "${GRAPHFIX_PROBE_GDN_TRACK_SNAPSHOT_KERNEL:-unset}" >>"$BLOCK_CALLS.gdn"
   mkdir -p "$OUT/logs"
   case " $* " in
     *" --profile "*) echo '{"modes": {"full": {"profiled": {}}}}' ;;
@@ -326,8 +327,8 @@ QWEN3_5_ENGINE = (
     "pytest -m pytest test/gpu/test_hybrid_full_prefill_graph.py -k qwen3_5_moe "
     "-q -rA -p no:cacheprovider"
 )
-GDN_ONE_SLOT_EXTEND = (
-    "pytest -m pytest test/gpu/test_gdn_extend_kernel.py -k 1slot "
+GDN_EXTEND = (
+    "pytest -m pytest test/gpu/test_gdn_extend_kernel.py -k 1slot or track_kernel "
     "-q -rA -p no:cacheprovider"
 )
 
@@ -351,11 +352,12 @@ def test_next_block_gdn_serves_issue_13s_runs(block, name, model, engine_test, s
     """next_block.sh qwen3-next and qwen3.5: the three servers at sglang's default
     chunking with their long prompts profiled, the probe on their path, then
     qwen3-next's breakable and full at a chunked prefill of 512 (the flag after
-    --, for sglang), qwen3.5's full server with the one-slot GDN graphs (the
-    probe's switch), profiled as the first and diffed against its full server;
-    qwen3-next runs the Kimi-Linear slot-floor engine test after them, qwen3.5
-    its tiny Qwen3.5 MoE engine's graph vs eager and control (POST, after the
-    servers)."""
+    --, for sglang), qwen3.5's full server with the one-slot GDN graphs, then
+    with the snapshot kernel (the probe's switches, one a server), each
+    profiled as the first and diffed against its full server; qwen3-next runs
+    the Kimi-Linear slot-floor engine test after them, qwen3.5 the captured
+    extend's GPU cases of both switches and its tiny Qwen3.5 MoE engine's graph
+    vs eager and control (POST, after the servers)."""
     tmp, env = block
     env["PYTHONPATH"] = "/site"
     done = _run("next_block.sh", [name], env)
@@ -363,26 +365,26 @@ def test_next_block_gdn_serves_issue_13s_runs(block, name, model, engine_test, s
     res = tmp / "res"
     calls = (tmp / "calls.log").read_text().splitlines()
     serving = [c for c in calls if c.startswith("serving")]
+    qwen3_5 = name == "qwen3.5"
     assert serving == [
         f"serving [--model {model} --modes breakable,full,disabled "
         "--workloads chat,burst,long --quick --profile long_8k-16k,4_x_256_tokens] "
         "FOO=unset",
         f"serving [--model {model} {second}] FOO=unset",
-    ]
+    ] + ([f"serving [--model {model} {second}] FOO=unset"] if qwen3_5 else [])
     probe = (
         f"env unset 1 unset unset load=unset compile=unset {ROOT}/test/gpu/probe:/site"
     )
-    qwen3_5 = name == "qwen3.5"
-    assert (tmp / "calls.log.env").read_text().splitlines() == [
-        probe,
-        probe
+    assert (tmp / "calls.log.env").read_text().splitlines() == (
+        [probe] * 3
         if qwen3_5
-        else "env unset unset unset unset load=unset compile=unset /site",
-    ]
-    assert (tmp / "calls.log.gdn").read_text().splitlines() == [
-        "gdn unset",
-        "gdn 1" if qwen3_5 else "gdn unset",
-    ]
+        else [probe, "env unset unset unset unset load=unset compile=unset /site"]
+    )
+    assert (tmp / "calls.log.gdn").read_text().splitlines() == (
+        ["gdn unset unset", "gdn 1 unset", "gdn unset 1"]
+        if qwen3_5
+        else ["gdn unset unset"] * 2
+    )
     profile = res / "post" / "serving_profile.json"
     diff = f"post benchmark/profile_diff.py {profile} --a full --b disabled"
     assert f"{diff} --ops kernels" in calls
@@ -391,15 +393,27 @@ def test_next_block_gdn_serves_issue_13s_runs(block, name, model, engine_test, s
         f"post benchmark/profile_diff.py {both} --a full --b full (serving_2) "
         "--ops kernels"
     )
-    if qwen3_5:  # the one-slot server profiled, and diffed against step 1's full
-        assert (res / "post" / "serving_2_profile.json").exists()
-        assert one_slot_diff in calls
+    kernel_both = res / "post" / "track_gather_vs_kernel_profile.json"
+    kernel_diff = (
+        f"post benchmark/profile_diff.py {kernel_both} --a full --b full (serving_3) "
+        "--ops kernels"
+    )
+    if qwen3_5:  # the later servers profiled, each diffed against step 1's full
+        for run in ("serving_2", "serving_3"):
+            assert (res / "post" / f"{run}_profile.json").exists()
+        reports = [
+            res / r / "serving_prefill_graph.json" for r in ("serving", "serving_3")
+        ]
+        assert f"post benchmark/trace_summary.py {reports[0]} {reports[1]}" in calls
+        assert one_slot_diff in calls and kernel_diff in calls
         assert (res / "post" / "slots_16_vs_one_slot_kernels.txt").exists()
+        assert (res / "post" / "track_gather_vs_kernel_kernels.txt").exists()
     else:  # the chunked-512 run profiles nothing: no summary, no diffs of it
         assert not [c for c in calls if "serving_2" in c and c.startswith("post ")]
         assert not (res / "post" / "serving_2_profile.json").exists()
-        assert one_slot_diff not in calls
-    gpu_tests = [GDN_ONE_SLOT_EXTEND, engine_test] if qwen3_5 else [engine_test]
+        assert one_slot_diff not in calls and kernel_diff not in calls
+        assert not (res / "serving_3").exists()
+    gpu_tests = [GDN_EXTEND, engine_test] if qwen3_5 else [engine_test]
     assert [c for c in calls if c.startswith("pytest")] == gpu_tests
     servers = [i for i, c in enumerate(calls) if c.startswith("serving")]
     assert calls.index(engine_test) > servers[-1]

@@ -487,6 +487,25 @@ FLASHINFER_GDN_CAPTURE_SM: int | None = 90
 # tree dfff1dc). Its served time is not measured yet. False: the whole-output
 # mask.
 GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY = True
+# The captured GDN extend's prefix-cache snapshot of chunk-boundary SSM states in
+# one launch a layer of sgl-kernel's snapshot_state_rows, each tracked table row
+# reading its own chunk state where the delta rule left it (Triton's per-chunk
+# states, FlashInfer's 64-token checkpoints), instead of first gathering one
+# state for every table row (an index_select of [request slots, H, V, K]) and
+# then copying the tracked ones (sglang's kda_track_ssm_state). The gather moves
+# every request slot's state on every replay of a tracking bucket: 32 MiB of
+# fp32 a layer at Qwen3.5-35B-A3B's dimensions and 16 slots, whatever the number
+# of tracked requests. Profiled served on an H100
+# (benchmark/results/gpu/serving_2026-12-07d/, tree 03cf7a4):
+# indexSelectSmallIndex<float> took 0.35 ms a prompt of full's 1.6 ms more device
+# time than breakable at 4 x 256 tokens, and 1.39 ms at 8k-16k. Equal to
+# sglang's kernel in Triton's CPU interpreter (test/unit/srt/layers/attention/
+# linear/test_gdn_track_snapshot.py); off until the captured extend with it
+# equals eager on a GPU (test/gpu/test_gdn_extend_kernel.py, the *_track_kernel
+# cases) and a served full graph with it (test probe
+# GRAPHFIX_PROBE_GDN_TRACK_SNAPSHOT_KERNEL) is not slower. False: sglang's
+# gather and kda_track_ssm_state.
+GDN_TRACK_SNAPSHOT_KERNEL = False
 
 
 def flashinfer_gdn_prefill_captures(kernel: str | None, sm: int) -> bool:

@@ -14,11 +14,11 @@ real requests.
   to ``rows``' dtype); padding rows of ``rows`` are left as they were.
 - ``scatter_state_rows(pool, slots, rows)``: ``pool[slots[r]] = rows[r]`` (cast
   to the pool's dtype); padding rows write nothing.
-- ``snapshot_state_rows(pool, dst, mode, ...)``: a captured Mamba2 extend's
-  prefix-cache snapshot, one launch a layer: per track row, by its mode, the
-  request's post-extend state from the pool, a chunk-grid state or a recomputed
-  one, written to the row's track slot; an untracked row (a filler) moves
-  nothing.
+- ``snapshot_state_rows(pool, dst, mode, ...)``: a captured Mamba2 (or GDN)
+  extend's prefix-cache snapshot, one launch a layer: per track row, by its
+  mode, the request's post-extend state from the pool, a chunk-grid state or a
+  recomputed one, written to the row's track slot; an untracked row (a filler)
+  moves nothing.
 
 ``pool`` may have any slot stride (sglang's pools can be views into a larger
 buffer), but each slot must be contiguous; ``rows`` is contiguous. Off CUDA (the

@@ -47,7 +47,8 @@ GRAPHFIX_PROBE_MAMBA2_REQUEST_BUCKETS_CAPTURED=1 and
 GRAPHFIX_PROBE_MAMBA2_CONV_BLOCK_TABLE=1 and
 GRAPHFIX_PROBE_MAMBA2_TABLE_FILL_KERNEL=1 and
 GRAPHFIX_PROBE_MAMBA2_SNAPSHOT_KERNEL=1 and
-GRAPHFIX_PROBE_GDN_SINGLE_REQUEST_GRAPHS=1 set those switches, and
+GRAPHFIX_PROBE_GDN_SINGLE_REQUEST_GRAPHS=1 and
+GRAPHFIX_PROBE_GDN_TRACK_SNAPSHOT_KERNEL=1 set those switches, and
 GRAPHFIX_PROBE_MAMBA2_GROUPS=1,8 the group counts of MAMBA2_CHECKED, and
 GRAPHFIX_PROBE_REQUEST_BUCKET_MAX_TOKENS=<n> the largest token bucket with request
 buckets (a measurement: request buckets for long prompts too), and
@@ -118,6 +119,8 @@ def register():
         capability.MAMBA2_SNAPSHOT_KERNEL = True
     if os.environ.get("GRAPHFIX_PROBE_GDN_SINGLE_REQUEST_GRAPHS"):
         capability.GDN_SINGLE_REQUEST_GRAPHS = True
+    if os.environ.get("GRAPHFIX_PROBE_GDN_TRACK_SNAPSHOT_KERNEL"):
+        capability.GDN_TRACK_SNAPSHOT_KERNEL = True
     request_bucket_max = os.environ.get("GRAPHFIX_PROBE_REQUEST_BUCKET_MAX_TOKENS")
     if request_bucket_max:
         capability.REQUEST_BUCKET_MAX_TOKENS = int(request_bucket_max)

@@ -26,7 +26,10 @@ GDN_SINGLE_REQUEST_GRAPHS, runs eager's for one request). It also loads whole
 64-token tiles and masks them by multiplying, so the token rows past the batch
 that its tiles reach (which no conv block writes) are zeroed before it. The
 delta-rule kernels are sglang's (and FlashInfer's) own; only their table
-arguments change.
+arguments change. The prefix-cache snapshot of tracked rows is sglang's
+kda_track_ssm_state on one gathered chunk state per table row, or one launch of
+sgl-kernel's snapshot_state_rows that reads the tracked rows' chunk states
+where they lie (GDN_TRACK_SNAPSHOT_KERNEL).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from sglang.kernels.ops.attention.triton_gdn_fused_proj import (
 from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_fn
 from sglang.kernels.ops.mamba.kda_prefill_track import (
     TRACK_CHUNK_STATE,
+    TRACK_FINAL_STATE,
     TRACK_NONE,
     kda_track_ssm_state,
 )
@@ -76,6 +80,7 @@ from sglang_graphfix.srt import full_prefill_graph_capability as capability
 from sglang_graphfix_kernel.masked_state_rows import (
     gather_state_rows,
     scatter_state_rows,
+    snapshot_state_rows,
 )
 
 # The tables are KDA's; they describe GDN's chunking only because both use the
@@ -89,6 +94,8 @@ FLASHINFER_GDN_TILE_ROWS = 64
 
 # Untracked rows of a snapshot scatter land in the reserved mamba padding slot.
 _PADDING_SLOT = 0
+# No track row has this mode (kda_prefill_track's are 0, 1 and 2).
+_NO_TRACK_MODE = -1
 
 
 def gdn_extend_in_graph(
@@ -363,15 +370,42 @@ def _snapshot_ssm_states(ssm_states, h, meta, flashinfer: bool = False) -> None:
         torch._assert_async(
             ((meta.track_mode != TRACK_CHUNK_STATE) | (meta.track_chunk_idx > 0)).all()
         )
-        h_track = h[0].index_select(0, flashinfer_checkpoint_rows(meta, h.shape[1]))
+        rows = flashinfer_checkpoint_rows(meta, h.shape[1])
     else:
-        h_track = h[0].index_select(0, chunk_state_rows(meta, h.shape[1]))
+        rows = chunk_state_rows(meta, h.shape[1])
+    if capability.GDN_TRACK_SNAPSHOT_KERNEL:
+        snapshot_chunk_states(ssm_states, h[0], rows, meta)
+        return
+    h_track = h[0].index_select(0, rows)
     kda_track_ssm_state(
         ssm_pool=ssm_states,
         h_track=h_track,
         track_mode=meta.track_mode,
         track_dst=meta.track_dst,
         cache_indices=meta.cache_indices,
+    )
+
+
+def snapshot_chunk_states(ssm_states, chunk_states, rows, meta) -> None:
+    """kda_track_ssm_state's copies in one launch of sgl-kernel's
+    snapshot_state_rows (GDN_TRACK_SNAPSHOT_KERNEL), a tracked row reading its
+    chunk state at ``rows[r]`` of ``chunk_states`` [n, H, V, K] itself: the
+    index_select of one state per table row before sglang's kernel is skipped, so
+    untracked and padding rows move nothing. Same modes and sources: a
+    chunk-aligned row's final state from its cache slot, the others' chunk state,
+    cast to the pool's dtype, into the row's track slot."""
+    num_rows = meta.track_mode.shape[0]
+    snapshot_state_rows(
+        ssm_states,
+        meta.track_dst,
+        meta.track_mode,
+        cache_slots=meta.cache_indices,
+        src=torch.arange(num_rows, device=ssm_states.device),
+        grid=chunk_states,
+        grid_rows=rows,
+        # GDN recomputes no state: a mode no row has, and a source never read.
+        recomputed=ssm_states[:1].expand(num_rows, *ssm_states.shape[1:]),
+        modes=(TRACK_FINAL_STATE, TRACK_CHUNK_STATE, _NO_TRACK_MODE),
     )
 
 
