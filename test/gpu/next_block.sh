@@ -47,10 +47,12 @@
 #     prompt's every chunk on the graph, its outputs equal to eager.
 #
 # qwen3.5 (issue 13 on an H100, which sessions get far more often than an H200):
+#  PRE: the captured extend's GPU cases of steps 2 and 3's switches
+#     (test_gdn_extend_kernel.py -k "1slot or track_kernel", about 1.5 min);
 #  1. the qwen3-next block's first serving step on Qwen3.5-35B-A3B's text model
 #     (FP8, about 36 GB of weights; served once, 2026-12-07d: full 10-13 % slower
 #     than breakable for one long prompt), as shipped since (the reach-only
-#     zeroing past the batch);
+#     zeroing past the batch), breakable and full only;
 #  2. the full server with a graph over one request slot per token bucket above
 #     512 (the test probe's GRAPHFIX_PROBE_GDN_SINGLE_REQUEST_GRAPHS=1: FlashInfer's
 #     context-parallel GDN prefill for one prompt, as eager runs it), bursts and
@@ -61,10 +63,9 @@
 #     gather of every request slot's state first), the same runs profiled; POST
 #     diffs its kernels against step 1's full server
 #     (track_gather_vs_kernel_kernels.txt);
-#  then (POST) the one-slot captured extend with the reach-only zeroing, as both
-#  would ship, and the captured extend with the snapshot kernel
-#  (test_gdn_extend_kernel.py -k "1slot or track_kernel"), and a tiny Qwen3.5 MoE
-#  engine's full graph vs
+#  4. the disabled server, step 1's runs (last: the switches need breakable
+#     and full only);
+#  then (POST) a tiny Qwen3.5 MoE engine's full graph vs
 #  eager on the same kernels and its wrong-state control
 #  (test_hybrid_full_prefill_graph.py -k qwen3_5_moe; 7 min on 2026-12-07c, where
 #  the graph equalled eager and the control stayed inside the old 0.05 on one
@@ -162,6 +163,7 @@ grep -h -e 'to compile after serving started' -e 'device-loaded after serving st
     model=qwen3-next-80b-a3b-fp8
     second="--model $model --modes breakable,full --workloads burst --quick -- --chunked-prefill-size 512"
     third=()
+    first_modes=breakable,full,disabled
     if [ "$block" = qwen3.5 ]; then
       # After the servers: step 1's full server (16 request slots) against step
       # 2's (GDN_SINGLE_REQUEST_GRAPHS: a graph over one slot for one long
@@ -174,9 +176,15 @@ grep -h -e 'to compile after serving started' -e 'device-loaded after serving st
       later="--model $model --modes full --workloads burst,long --quick --profile long_8k-16k,4_x_256_tokens"
       second="$probe GRAPHFIX_PROBE_GDN_SINGLE_REQUEST_GRAPHS=1 $later"
       third=("$probe GRAPHFIX_PROBE_GDN_TRACK_SNAPSHOT_KERNEL=1 $later")
+      # Disabled last (lost to the machine on 2026-12-07d): the switches'
+      # comparisons need breakable and full only, so a cut block keeps them.
+      first_modes=breakable,full
+      third+=("$probe --model $model --modes disabled --workloads chat,burst,long --quick --profile long_8k-16k,4_x_256_tokens")
+      # First (PRE, about 1.5 min): the captured extend's GPU cases the two
+      # switches wait for, so that a block cut short still has them.
+      export PRE="timeout 300 python3 -m pytest test/gpu/test_gdn_extend_kernel.py \
+-k '1slot or track_kernel' -q -rA -p no:cacheprovider >\"\$OUT/gdn_extend_kernel.log\" 2>&1"
       export POST="$POST$(cross_step_diff slots_16_vs_one_slot)$(cross_step_diff track_gather_vs_kernel serving_3)
-timeout 300 python3 -m pytest test/gpu/test_gdn_extend_kernel.py -k '1slot or track_kernel' \
-  -q -rA -p no:cacheprovider >\"\$OUT/gdn_extend_kernel.log\" 2>&1
 timeout 600 python3 -m pytest test/gpu/test_hybrid_full_prefill_graph.py -k qwen3_5_moe \
   -q -rA -p no:cacheprovider >\"\$OUT/qwen3_5_moe_engine.log\" 2>&1"
     else
@@ -185,7 +193,7 @@ timeout 300 python3 -m pytest test/gpu/test_kimi_linear_full_prefill_graph.py -k
   -q -rA -p no:cacheprovider >\"\$OUT/kimi_linear_slot_floor.log\" 2>&1"
     fi
     steps=(
-      "$probe --model $model --modes breakable,full,disabled --workloads chat,burst,long --quick --profile long_8k-16k,4_x_256_tokens"
+      "$probe --model $model --modes $first_modes --workloads chat,burst,long --quick --profile long_8k-16k,4_x_256_tokens"
       "$second"
       "${third[@]}"
     )

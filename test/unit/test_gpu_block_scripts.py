@@ -355,9 +355,10 @@ def test_next_block_gdn_serves_issue_13s_runs(block, name, model, engine_test, s
     --, for sglang), qwen3.5's full server with the one-slot GDN graphs, then
     with the snapshot kernel (the probe's switches, one a server), each
     profiled as the first and diffed against its full server; qwen3-next runs
-    the Kimi-Linear slot-floor engine test after them, qwen3.5 the captured
-    extend's GPU cases of both switches and its tiny Qwen3.5 MoE engine's graph
-    vs eager and control (POST, after the servers)."""
+    the Kimi-Linear slot-floor engine test after them; qwen3.5 runs the
+    captured extend's GPU cases of both switches first (PRE), its disabled
+    server last, then its tiny Qwen3.5 MoE engine's graph vs eager and control
+    (POST, after the servers)."""
     tmp, env = block
     env["PYTHONPATH"] = "/site"
     done = _run("next_block.sh", [name], env)
@@ -366,22 +367,30 @@ def test_next_block_gdn_serves_issue_13s_runs(block, name, model, engine_test, s
     calls = (tmp / "calls.log").read_text().splitlines()
     serving = [c for c in calls if c.startswith("serving")]
     qwen3_5 = name == "qwen3.5"
-    assert serving == [
-        f"serving [--model {model} --modes breakable,full,disabled "
-        "--workloads chat,burst,long --quick --profile long_8k-16k,4_x_256_tokens] "
-        "FOO=unset",
-        f"serving [--model {model} {second}] FOO=unset",
-    ] + ([f"serving [--model {model} {second}] FOO=unset"] if qwen3_5 else [])
+    runs = "--workloads chat,burst,long --quick --profile long_8k-16k,4_x_256_tokens"
+    if qwen3_5:  # disabled last, after the switches' servers
+        assert serving == [
+            f"serving [--model {model} --modes breakable,full {runs}] FOO=unset",
+            f"serving [--model {model} {second}] FOO=unset",
+            f"serving [--model {model} {second}] FOO=unset",
+            f"serving [--model {model} --modes disabled {runs}] FOO=unset",
+        ]
+    else:
+        assert serving == [
+            f"serving [--model {model} --modes breakable,full,disabled {runs}] "
+            "FOO=unset",
+            f"serving [--model {model} {second}] FOO=unset",
+        ]
     probe = (
         f"env unset 1 unset unset load=unset compile=unset {ROOT}/test/gpu/probe:/site"
     )
     assert (tmp / "calls.log.env").read_text().splitlines() == (
-        [probe] * 3
+        [probe] * 4
         if qwen3_5
         else [probe, "env unset unset unset unset load=unset compile=unset /site"]
     )
     assert (tmp / "calls.log.gdn").read_text().splitlines() == (
-        ["gdn unset unset", "gdn 1 unset", "gdn unset 1"]
+        ["gdn unset unset", "gdn 1 unset", "gdn unset 1", "gdn unset unset"]
         if qwen3_5
         else ["gdn unset unset"] * 2
     )
@@ -417,6 +426,9 @@ def test_next_block_gdn_serves_issue_13s_runs(block, name, model, engine_test, s
     assert [c for c in calls if c.startswith("pytest")] == gpu_tests
     servers = [i for i, c in enumerate(calls) if c.startswith("serving")]
     assert calls.index(engine_test) > servers[-1]
+    if qwen3_5:  # the switches' GPU cases first (PRE), before any server
+        assert calls.index(GDN_EXTEND) < servers[0]
+        assert (res / "pre.log").exists()
     assert "post rc=0" in (res / "progress.log").read_text()
     assert (res / "DONE").exists()
 
