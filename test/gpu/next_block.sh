@@ -48,7 +48,8 @@
 #
 # qwen3.5 (issue 13 on an H100, which sessions get far more often than an H200):
 #  PRE: the captured extend's GPU cases of steps 2 and 3's switches
-#     (test_gdn_extend_kernel.py -k "1slot or track_kernel", about 1.5 min);
+#     (test_gdn_extend_kernel.py -k "1slot or track_kernel or shared_tables",
+#     about 2 min);
 #  1. the qwen3-next block's first serving step on Qwen3.5-35B-A3B's text model
 #     (FP8, about 36 GB of weights; served once, 2026-12-07d: full 10-13 % slower
 #     than breakable for one long prompt), as shipped since (the reach-only
@@ -58,11 +59,13 @@
 #     context-parallel GDN prefill for one prompt, as eager runs it), bursts and
 #     long prompts, profiled as step 1; POST diffs its kernels against step 1's
 #     full server (slots_16_vs_one_slot_kernels.txt);
-#  3. step 1's full server with the prefix-cache snapshot in one kernel launch a
-#     layer (the test probe's GRAPHFIX_PROBE_GDN_TRACK_SNAPSHOT_KERNEL=1: no
-#     gather of every request slot's state first), the same runs profiled; POST
-#     diffs its kernels against step 1's full server
-#     (track_gather_vs_kernel_kernels.txt);
+#  3. step 1's full server with fewer small device ops a GDN layer: the
+#     prefix-cache snapshot in one kernel launch (the test probe's
+#     GRAPHFIX_PROBE_GDN_TRACK_SNAPSHOT_KERNEL=1: no gather of every request
+#     slot's state first) and the index tables the layers derive built once a
+#     forward (GRAPHFIX_PROBE_GDN_TABLES_ONCE_PER_FORWARD=1), the same runs
+#     profiled; POST diffs its kernels against step 1's full server
+#     (per_layer_vs_once_kernels.txt);
 #  4. the disabled server, step 1's runs (last: the switches need breakable
 #     and full only);
 #  then (POST) a tiny Qwen3.5 MoE engine's full graph vs
@@ -167,24 +170,26 @@ grep -h -e 'to compile after serving started' -e 'device-loaded after serving st
     if [ "$block" = qwen3.5 ]; then
       # After the servers: step 1's full server (16 request slots) against step
       # 2's (GDN_SINGLE_REQUEST_GRAPHS: a graph over one slot for one long
-      # prompt) and step 3's (GDN_TRACK_SNAPSHOT_KERNEL), where both summarised;
+      # prompt) and step 3's (GDN_TRACK_SNAPSHOT_KERNEL and
+      # GDN_TABLES_ONCE_PER_FORWARD), where both summarised;
       # the one-slot captured extend with the reach-only zeroing, as they would
-      # ship, and the captured extend with the snapshot kernel (about 2 min);
+      # ship, and the captured extend with step 3's switches (about 2 min);
       # then a tiny Qwen3.5 MoE engine's graph vs eager on the same kernels,
       # with the wrong-state control (7 min on 2026-12-07c).
       model=qwen3.5-35b-a3b-fp8
       later="--model $model --modes full --workloads burst,long --quick --profile long_8k-16k,4_x_256_tokens"
       second="$probe GRAPHFIX_PROBE_GDN_SINGLE_REQUEST_GRAPHS=1 $later"
-      third=("$probe GRAPHFIX_PROBE_GDN_TRACK_SNAPSHOT_KERNEL=1 $later")
+      third=("$probe GRAPHFIX_PROBE_GDN_TRACK_SNAPSHOT_KERNEL=1 GRAPHFIX_PROBE_GDN_TABLES_ONCE_PER_FORWARD=1 $later")
       # Disabled last (lost to the machine on 2026-12-07d): the switches'
       # comparisons need breakable and full only, so a cut block keeps them.
       first_modes=breakable,full
       third+=("$probe --model $model --modes disabled --workloads chat,burst,long --quick --profile long_8k-16k,4_x_256_tokens")
-      # First (PRE, about 1.5 min): the captured extend's GPU cases the two
+      # First (PRE, about 2 min): the captured extend's GPU cases the
       # switches wait for, so that a block cut short still has them.
       export PRE="timeout 300 python3 -m pytest test/gpu/test_gdn_extend_kernel.py \
--k '1slot or track_kernel' -q -rA -p no:cacheprovider >\"\$OUT/gdn_extend_kernel.log\" 2>&1"
-      export POST="$POST$(cross_step_diff slots_16_vs_one_slot)$(cross_step_diff track_gather_vs_kernel serving_3)
+-k '1slot or track_kernel or shared_tables' -q -rA -p no:cacheprovider \
+>\"\$OUT/gdn_extend_kernel.log\" 2>&1"
+      export POST="$POST$(cross_step_diff slots_16_vs_one_slot)$(cross_step_diff per_layer_vs_once serving_3)
 timeout 600 python3 -m pytest test/gpu/test_hybrid_full_prefill_graph.py -k qwen3_5_moe \
   -q -rA -p no:cacheprovider >\"\$OUT/qwen3_5_moe_engine.log\" 2>&1"
     else

@@ -6,7 +6,8 @@ each prefill kernel the graph captures: sglang's Triton chunk kernels, and the
 FlashInfer GDN prefill (FlashInferGDNKernel.extend, sglang's default on SM90)
 with its eager checkpoint plan for the tracked states, also with only the rows
 past the batch that its tiles load zeroed (GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY),
-and with the prefix-cache snapshot in one kernel launch (GDN_TRACK_SNAPSHOT_KERNEL).
+and with the prefix-cache snapshot in one kernel launch (GDN_TRACK_SNAPSHOT_KERNEL),
+and a layer reading the tables the forward's first layer built (GDN_TABLES_ONCE_PER_FORWARD).
 A replay moves no state of the bucket's padding request slots: the reserved
 padding slot keeps what it held, whatever the number of real requests."""
 
@@ -67,6 +68,7 @@ def _layer(hv):
     g = torch.Generator(device=DEV).manual_seed(0)
     rand = lambda *s: torch.randn(*s, generator=g, device=DEV)  # noqa: E731
     return SimpleNamespace(
+        layer_id=1,
         conv_weights=(rand(_dim(hv), WIDTH) * 0.5).bfloat16(),
         bias=None,
         activation="silu",
@@ -180,8 +182,16 @@ def _track_rows(kernel, lens, prefix, mask, dst):
 class _CapturedExtend:
     """One bucket captured once; every batch replays it after a table refill."""
 
-    def __init__(self, kernel, layer, conv, ssm, max_seqs=MAX_SEQS):
+    def __init__(self, kernel, layer, conv, ssm, max_seqs=MAX_SEQS, shared=False):
         self.kernel, self.layer, self.conv, self.ssm = kernel, layer, conv, ssm
+        # shared: the forward's first GDN layer (layer 0, on scratch pools) runs
+        # before the measured one and builds the tables both read
+        # (GDN_TABLES_ONCE_PER_FORWARD); a replay must rebuild them in the graph.
+        self.forward_tables = (
+            gdn_prefill_graph.ForwardTablesOfCapture() if shared else None
+        )
+        self.first_layer = SimpleNamespace(**{**vars(layer), "layer_id": 0})
+        self.scratch = conv.clone(), ssm.clone()
         self.meta = KDAPrefillGraphMetadata.allocate(
             num_tokens=BUCKET, max_seqs_cap=max_seqs, track=True,
             cache_index_dtype=torch.int32, device=DEV,
@@ -216,10 +226,16 @@ class _CapturedExtend:
                 self.out = self._run()
 
     def _run(self):
+        if self.forward_tables is not None:
+            gdn_extend_in_graph(
+                layer=self.first_layer, meta=self.meta, conv_states=self.scratch[0],
+                ssm_states=self.scratch[1], mixed_qkv=self.x, a=self.a, b=self.b,
+                extend_kernel=self.kernel, forward_tables=self.forward_tables,
+            )  # fmt: skip
         return gdn_extend_in_graph(
             layer=self.layer, meta=self.meta, conv_states=self.conv,
             ssm_states=self.ssm, mixed_qkv=self.x, a=self.a, b=self.b,
-            extend_kernel=self.kernel,
+            extend_kernel=self.kernel, forward_tables=self.forward_tables,
         )  # fmt: skip
 
     def load(self, lens, slots, prefix, track, x, a, b):
@@ -252,6 +268,9 @@ class _CapturedExtend:
 # *_track_kernel: the prefix-cache snapshot in one launch of sgl-kernel's
 # snapshot_state_rows (GDN_TRACK_SNAPSHOT_KERNEL), on Triton's chunk states and
 # on FlashInfer's checkpoints (with the reach-only zeroing, as it ships).
+# *_shared_tables: the measured layer reads the tables the forward's first GDN
+# layer built in the same graph (GDN_TABLES_ONCE_PER_FORWARD), each replay on
+# the batch's refilled tables.
 KERNELS = {
     "triton": lambda: None,
     "flashinfer": FlashInferGDNKernel,
@@ -259,6 +278,8 @@ KERNELS = {
     "flashinfer_1slot": FlashInferGDNKernel,
     "triton_track_kernel": lambda: None,
     "flashinfer_track_kernel": FlashInferGDNKernel,
+    "triton_shared_tables": lambda: None,
+    "flashinfer_shared_tables": FlashInferGDNKernel,
 }
 CASES = [(kernel, hv) for kernel in KERNELS for hv in VALUE_HEADS]
 
@@ -280,7 +301,8 @@ def captured(request):
             capability, "GDN_TRACK_SNAPSHOT_KERNEL", name.endswith("_track_kernel")
         )
         max_seqs = 1 if name == "flashinfer_1slot" else MAX_SEQS
-        graph = _CapturedExtend(kernel, layer, conv, ssm, max_seqs)
+        shared = name.endswith("_shared_tables")
+        graph = _CapturedExtend(kernel, layer, conv, ssm, max_seqs, shared)
     return layer, graph, f"{name}_hv{hv}"
 
 

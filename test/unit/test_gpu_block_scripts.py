@@ -36,7 +36,8 @@ if [ "$1" = benchmark/serving_prefill_graph.py ]; then
     "compile=${SGLANG_TRITON_SLOW_COMPILE_THRESHOLD_SECS:-unset} $PYTHONPATH" \
     >>"$BLOCK_CALLS.env"
   echo "gdn ${GRAPHFIX_PROBE_GDN_SINGLE_REQUEST_GRAPHS:-unset}" \
-    "${GRAPHFIX_PROBE_GDN_TRACK_SNAPSHOT_KERNEL:-unset}" >>"$BLOCK_CALLS.gdn"
+    "${GRAPHFIX_PROBE_GDN_TRACK_SNAPSHOT_KERNEL:-unset}" \
+    "${GRAPHFIX_PROBE_GDN_TABLES_ONCE_PER_FORWARD:-unset}" >>"$BLOCK_CALLS.gdn"
   mkdir -p "$OUT/logs"
   case " $* " in
     *" --profile "*) echo '{"modes": {"full": {"profiled": {}}}}' ;;
@@ -329,6 +330,7 @@ QWEN3_5_ENGINE = (
 )
 GDN_EXTEND = (
     "pytest -m pytest test/gpu/test_gdn_extend_kernel.py -k 1slot or track_kernel "
+    "or shared_tables "
     "-q -rA -p no:cacheprovider"
 )
 
@@ -390,9 +392,10 @@ def test_next_block_gdn_serves_issue_13s_runs(block, name, model, engine_test, s
         else [probe, "env unset unset unset unset load=unset compile=unset /site"]
     )
     assert (tmp / "calls.log.gdn").read_text().splitlines() == (
-        ["gdn unset unset", "gdn 1 unset", "gdn unset 1", "gdn unset unset"]
+        ["gdn unset unset unset", "gdn 1 unset unset", "gdn unset 1 1"]
+        + ["gdn unset unset unset"]
         if qwen3_5
-        else ["gdn unset unset"] * 2
+        else ["gdn unset unset unset"] * 2
     )
     profile = res / "post" / "serving_profile.json"
     diff = f"post benchmark/profile_diff.py {profile} --a full --b disabled"
@@ -402,7 +405,7 @@ def test_next_block_gdn_serves_issue_13s_runs(block, name, model, engine_test, s
         f"post benchmark/profile_diff.py {both} --a full --b full (serving_2) "
         "--ops kernels"
     )
-    kernel_both = res / "post" / "track_gather_vs_kernel_profile.json"
+    kernel_both = res / "post" / "per_layer_vs_once_profile.json"
     kernel_diff = (
         f"post benchmark/profile_diff.py {kernel_both} --a full --b full (serving_3) "
         "--ops kernels"
@@ -416,7 +419,7 @@ def test_next_block_gdn_serves_issue_13s_runs(block, name, model, engine_test, s
         assert f"post benchmark/trace_summary.py {reports[0]} {reports[1]}" in calls
         assert one_slot_diff in calls and kernel_diff in calls
         assert (res / "post" / "slots_16_vs_one_slot_kernels.txt").exists()
-        assert (res / "post" / "track_gather_vs_kernel_kernels.txt").exists()
+        assert (res / "post" / "per_layer_vs_once_kernels.txt").exists()
     else:  # the chunked-512 run profiles nothing: no summary, no diffs of it
         assert not [c for c in calls if "serving_2" in c and c.startswith("post ")]
         assert not (res / "post" / "serving_2_profile.json").exists()

@@ -506,6 +506,25 @@ GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY = True
 # GRAPHFIX_PROBE_GDN_TRACK_SNAPSHOT_KERNEL) is not slower. False: sglang's
 # gather and kda_track_ssm_state.
 GDN_TRACK_SNAPSHOT_KERNEL = False
+# The index tables a captured GDN extend derives from the bucket's tables (the
+# rows past the batch, FlashInfer's int64 cu_seqlens and checkpoint starts, the
+# conv-window and chunk-state rows to track, ...) built once per forward, by its
+# first GDN layer, and read by the others
+# (..layers.attention.linear.gdn_prefill_graph.ForwardTablesOfCapture), instead
+# of by every layer: 30 small ops a layer on FlashInfer's prefill with
+# prefix-cache tracking (14 on Triton's; counted at torch's dispatcher on CPU,
+# the same calls on a GPU), each a node of the graph. Profiled served on an
+# H100 at Qwen3.5-35B-A3B's dimensions (benchmark/results/gpu/serving_2026-12-07d/,
+# 30 GDN layers, 4 x 256 tokens): 1416 device ops a prefill forward under the
+# full graph against breakable's 896, and 3.2 ms more device time a forward.
+# The same ops on the same tables, so the same values; equal to per-layer
+# tables on CPU through the backend's captured extend, over forwards on
+# refilled tables (test/unit/srt/layers/attention/linear/test_gdn_backend.py).
+# Off until a graph of two layers sharing them equals eager on a GPU
+# (test/gpu/test_gdn_extend_kernel.py, the *_shared_tables cases) and a served
+# full graph with it (test probe GRAPHFIX_PROBE_GDN_TABLES_ONCE_PER_FORWARD) is
+# not slower. False: every layer builds its own.
+GDN_TABLES_ONCE_PER_FORWARD = False
 
 
 def flashinfer_gdn_prefill_captures(kernel: str | None, sm: int) -> bool:

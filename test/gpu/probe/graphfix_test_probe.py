@@ -48,7 +48,8 @@ GRAPHFIX_PROBE_MAMBA2_CONV_BLOCK_TABLE=1 and
 GRAPHFIX_PROBE_MAMBA2_TABLE_FILL_KERNEL=1 and
 GRAPHFIX_PROBE_MAMBA2_SNAPSHOT_KERNEL=1 and
 GRAPHFIX_PROBE_GDN_SINGLE_REQUEST_GRAPHS=1 and
-GRAPHFIX_PROBE_GDN_TRACK_SNAPSHOT_KERNEL=1 set those switches, and
+GRAPHFIX_PROBE_GDN_TRACK_SNAPSHOT_KERNEL=1 and
+GRAPHFIX_PROBE_GDN_TABLES_ONCE_PER_FORWARD=1 set those switches, and
 GRAPHFIX_PROBE_MAMBA2_GROUPS=1,8 the group counts of MAMBA2_CHECKED, and
 GRAPHFIX_PROBE_REQUEST_BUCKET_MAX_TOKENS=<n> the largest token bucket with request
 buckets (a measurement: request buckets for long prompts too), and
@@ -121,6 +122,8 @@ def register():
         capability.GDN_SINGLE_REQUEST_GRAPHS = True
     if os.environ.get("GRAPHFIX_PROBE_GDN_TRACK_SNAPSHOT_KERNEL"):
         capability.GDN_TRACK_SNAPSHOT_KERNEL = True
+    if os.environ.get("GRAPHFIX_PROBE_GDN_TABLES_ONCE_PER_FORWARD"):
+        capability.GDN_TABLES_ONCE_PER_FORWARD = True
     request_bucket_max = os.environ.get("GRAPHFIX_PROBE_REQUEST_BUCKET_MAX_TOKENS")
     if request_bucket_max:
         capability.REQUEST_BUCKET_MAX_TOKENS = int(request_bucket_max)

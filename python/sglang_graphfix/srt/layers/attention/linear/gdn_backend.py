@@ -23,12 +23,14 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.runner_utils.prefill_graph import (
     is_in_full_prefill_graph,
 )
+from sglang_graphfix.srt import full_prefill_graph_capability as capability
 from sglang_graphfix.srt.full_prefill_graph_capability import (
     device_sm,
     flashinfer_gdn_prefill_captures,
     require_capturable_full_prefill_graph,
 )
 from sglang_graphfix.srt.layers.attention.linear.gdn_prefill_graph import (
+    ForwardTablesOfCapture,
     gdn_extend_in_graph,
 )
 from sglang_graphfix.srt.layers.attention.linear.kda_prefill_graph import (
@@ -51,6 +53,7 @@ def prepare_full_prefill_graph_tables(
     if in_capture:
         # Read by forward_extend while this bucket warms up and is captured.
         backend.full_prefill_graph_capture = meta
+        backend.full_prefill_graph_forward_tables = ForwardTablesOfCapture()
     return meta
 
 
@@ -61,7 +64,9 @@ def prepare_full_prefill_graph_tables(
 #          either rejects or freezes at the capture batch.
 # How:     gdn_extend_in_graph: the backend's own prefill kernel (Triton, or
 #          FlashInfer's where FLASHINFER_GDN_CAPTURE_SM allows it) fed the static
-#          tables that prepare_full_prefill_graph_tables refills before each replay.
+#          tables that prepare_full_prefill_graph_tables refills before each replay
+#          (what the layers derive from them built by the first layer of each
+#          forward, GDN_TABLES_ONCE_PER_FORWARD).
 # Upstream: sglang/srt/layers/attention/linear/gdn_backend.py::GDNAttnBackend.forward_extend
 # Removal: once upstream GDN captures its extend (as KDA does for breakable graphs).
 def gdn_extend_on_full_graph_tables(
@@ -85,6 +90,9 @@ def gdn_extend_on_full_graph_tables(
         a=a,
         b=b,
         extend_kernel=self.kernel_dispatcher.extend_kernel,
+        forward_tables=getattr(self, "full_prefill_graph_forward_tables", None)
+        if capability.GDN_TABLES_ONCE_PER_FORWARD
+        else None,
     )
 
 

@@ -35,6 +35,7 @@ where they lie (GDN_TRACK_SNAPSHOT_KERNEL).
 from __future__ import annotations
 
 import itertools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -98,6 +99,71 @@ _PADDING_SLOT = 0
 _NO_TRACK_MODE = -1
 
 
+class GDNForwardTables(NamedTuple):
+    """What a captured GDN extend derives from the bucket's tables, the same for
+    every layer of one forward (None where its kernel or bucket needs none)."""
+
+    past: torch.Tensor | None  # [tokens] bool, rows_past_batch (FlashInfer)
+    reach_rows: torch.Tensor | None  # kernel_reach_rows (FlashInfer, reach-only)
+    reach_past: torch.Tensor | None
+    cu_seqlens: torch.Tensor | None  # int64 (FlashInfer)
+    checkpoint_starts: torch.Tensor | None  # FlashInfer, a bucket with snapshots
+    conv_rows: torch.Tensor | None  # conv_window_rows (tracking buckets)
+    conv_dst: torch.Tensor | None
+    ssm_rows: torch.Tensor | None  # each table row's chunk state to track
+    ssm_rows_valid: torch.Tensor | None  # FlashInfer: no track inside chunk 0
+    track_src: torch.Tensor | None  # arange(rows) (GDN_TRACK_SNAPSHOT_KERNEL)
+
+
+def build_forward_tables(
+    meta, *, flashinfer: bool, conv_window: int, device
+) -> GDNForwardTables:
+    """GDNForwardTables for ``meta``: a few small device ops on its tables."""
+    num_checkpoints = meta.num_tokens // CHUNK_SIZE if meta.track else 0
+    past = reach_rows = reach_past = cu_seqlens = starts = None
+    conv_rows = conv_dst = ssm_rows = ssm_rows_valid = track_src = None
+    if flashinfer:
+        past = rows_past_batch(meta)
+        if capability.GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY:
+            reach_rows, reach_past = kernel_reach_rows(meta, meta.num_tokens)
+        cu_seqlens = meta.cu_seqlens.to(torch.int64)
+        if num_checkpoints:
+            starts = flashinfer_checkpoint_starts(meta.cu_seqlens)
+    if meta.track:
+        conv_rows, conv_dst = conv_window_rows(meta, conv_window, device)
+        if flashinfer and num_checkpoints:
+            ssm_rows = flashinfer_checkpoint_rows(meta, num_checkpoints, starts)
+            ssm_rows_valid = (
+                (meta.track_mode != TRACK_CHUNK_STATE) | (meta.track_chunk_idx > 0)
+            ).all()
+        elif not flashinfer:
+            ssm_rows = chunk_state_rows(meta, meta.chunk_indices.shape[0])
+        if capability.GDN_TRACK_SNAPSHOT_KERNEL:
+            track_src = torch.arange(meta.track_mode.shape[0], device=device)
+    return GDNForwardTables(
+        past, reach_rows, reach_past, cu_seqlens, starts, conv_rows, conv_dst,
+        ssm_rows, ssm_rows_valid, track_src,
+    )  # fmt: skip
+
+
+class ForwardTablesOfCapture:
+    """GDNForwardTables built once per captured forward (GDN_TABLES_ONCE_PER_FORWARD):
+    by the first GDN layer that asks for a bucket's tables, which every later
+    forward of the capture (the warm-ups, the recorded one) also runs first, so
+    each of them builds its own and a replay rebuilds them from the refilled
+    tables before any layer reads them; the other layers read that layer's."""
+
+    def __init__(self):
+        self._built = {}  # id(meta) -> (meta, builder's layer id, tables)
+
+    def get(self, meta, layer_id, build) -> GDNForwardTables:
+        entry = self._built.get(id(meta))
+        if entry is None or entry[0] is not meta or entry[1] == layer_id:
+            entry = (meta, layer_id, build())
+            self._built[id(meta)] = entry
+        return entry[2]
+
+
 def gdn_extend_in_graph(
     *,
     layer,
@@ -108,15 +174,31 @@ def gdn_extend_in_graph(
     a: torch.Tensor,
     b: torch.Tensor,
     extend_kernel=None,
+    forward_tables: ForwardTablesOfCapture | None = None,
 ) -> torch.Tensor:
     """GDNAttnBackend.forward_extend (plain extend) with launch grids that depend
     only on the bucket. ``conv_states`` / ``ssm_states`` are the layer's
     [slots, dim, kernel-1] and [slots, H, V, K] pools; ``extend_kernel`` is the
-    backend's prefill kernel (its dispatcher's extend_kernel; None: Triton).
+    backend's prefill kernel (its dispatcher's extend_kernel; None: Triton);
+    ``forward_tables`` the capture's GDNForwardTables, None to build them here.
     Returns [1, num_tokens, H, V]."""
+    flashinfer = isinstance(extend_kernel, FlashInferGDNKernel)
+
+    def build():
+        return build_forward_tables(
+            meta,
+            flashinfer=flashinfer,
+            conv_window=conv_states.shape[-1],
+            device=mixed_qkv.device,
+        )
+
+    if forward_tables is None:
+        tables = build()
+    else:
+        tables = forward_tables.get(meta, layer.layer_id, build)
     if meta.track:
         # Before the conv kernel shifts the cache; the windows come from the raw input.
-        _snapshot_conv_windows(conv_states, mixed_qkv, meta)
+        _snapshot_conv_windows(conv_states, mixed_qkv, tables)
 
     x = causal_conv1d_fn(
         mixed_qkv.transpose(0, 1),
@@ -130,13 +212,11 @@ def gdn_extend_in_graph(
         activation=layer.activation,
         block_table=meta.conv_block_table,
     ).transpose(0, 1)
-    flashinfer = isinstance(extend_kernel, FlashInferGDNKernel)
     if flashinfer:
-        past = rows_past_batch(meta)
-        if capability.GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY:
-            zero_rows_in_kernel_reach(x, meta)
+        if tables.reach_rows is not None:
+            zero_rows_in_kernel_reach(x, meta, (tables.reach_rows, tables.reach_past))
         else:
-            x = x.masked_fill(past.unsqueeze(-1), 0)
+            x = x.masked_fill(tables.past.unsqueeze(-1), 0)
 
     if layer.q_dim + layer.k_dim + layer.v_dim <= MAX_FUSED_QKV_SPLIT_DIM:
         q, k, v = fused_qkv_split_gdn_prefill(
@@ -161,14 +241,14 @@ def gdn_extend_in_graph(
 
     if flashinfer:
         o, checkpoints = flashinfer_delta_rule_on_tables(
-            extend_kernel, q, k, v, g, beta, ssm_states, meta, past
+            extend_kernel, q, k, v, g, beta, ssm_states, meta, tables
         )
         if meta.track:
-            _snapshot_ssm_states(ssm_states, checkpoints, meta, flashinfer=True)
+            _snapshot_ssm_states(ssm_states, checkpoints, meta, tables, flashinfer=True)
         return o
     o, h = chunk_gated_delta_rule_on_tables(q, k, v, g, beta, ssm_states, meta)
     if meta.track:
-        _snapshot_ssm_states(ssm_states, h, meta)
+        _snapshot_ssm_states(ssm_states, h, meta, tables)
     return o
 
 
@@ -177,7 +257,7 @@ def rows_past_batch(meta) -> torch.Tensor:
     return meta.token_index >= meta.num_logical_tokens
 
 
-def zero_rows_in_kernel_reach(x: torch.Tensor, meta) -> None:
+def zero_rows_in_kernel_reach(x: torch.Tensor, meta, reach=None) -> None:
     """Zero, in place, the rows of ``x`` [num_tokens, dim] past the batch that
     FlashInfer's GDN prefill loads: it reads whole tiles of
     FLASHINFER_GDN_TILE_ROWS from each sequence's start, so the last sequence's
@@ -188,23 +268,32 @@ def zero_rows_in_kernel_reach(x: torch.Tensor, meta) -> None:
     clamped to the bucket's last row. Indices the clamp repeats always carry
     equal values, so the order of the copies does not matter: zero where the
     bucket's last row is past the batch, its own value (written back unchanged)
-    where the batch fills the bucket."""
-    end = meta.num_logical_tokens.to(torch.int64)
-    offsets = torch.arange(FLASHINFER_GDN_TILE_ROWS, device=x.device, dtype=torch.int64)
-    rows = (end + offsets).clamp(max=x.shape[0] - 1)
-    past = (rows >= end).unsqueeze(-1)
+    where the batch fills the bucket. ``reach``: kernel_reach_rows' result, if
+    already built."""
+    rows, past = reach if reach is not None else kernel_reach_rows(meta, x.shape[0])
     x.index_copy_(0, rows, x[rows].masked_fill(past, 0))
 
 
-def flashinfer_delta_rule_on_tables(kernel, q, k, v, g, beta, ssm_states, meta, past):
+def kernel_reach_rows(meta, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The FLASHINFER_GDN_TILE_ROWS row indices from the batch's end, clamped to
+    the last of ``num_rows``, and [rows, 1] which of them are past the batch."""
+    end = meta.num_logical_tokens.to(torch.int64)
+    offsets = torch.arange(
+        FLASHINFER_GDN_TILE_ROWS, device=end.device, dtype=torch.int64
+    )
+    rows = (end + offsets).clamp(max=num_rows - 1)
+    return rows, (rows >= end).unsqueeze(-1)
+
+
+def flashinfer_delta_rule_on_tables(kernel, q, k, v, g, beta, ssm_states, meta, tables):
     """FlashInferGDNKernel.extend's SM90 prefill (GDNAttnBackend's call; the
     only FlashInfer prefill the graph captures, FLASHINFER_GDN_CAPTURE_SM) on the
     bucket's tables, written here rather than called because the extend moves the
     SSM states of every request slot (below); the same kernel inputs for the
     real rows: l2-normalised q/k, alpha = exp(g) and beta in fp32, int64
     cu_seqlens, fp32 states.
-    Tokens past the batch (``past``, rows_past_batch: q/k/v zeroed by the
-    caller, gates here) keep zero output rows.
+    Tokens past the batch (``tables.past``, rows_past_batch: q/k/v zeroed by
+    the caller, gates here) keep zero output rows.
 
     The states move between the pool and the kernel's per-row buffers only for
     rows with a request (masked_state_rows), not for every request slot of the
@@ -221,7 +310,7 @@ def flashinfer_delta_rule_on_tables(kernel, q, k, v, g, beta, ssm_states, meta, 
     starts: bucket/64 fp32 states per layer on every replay of a tracking bucket,
     where eager takes them only for a batch with a tracked row. Returns
     (o, checkpoints [1, n, H, V, K] or None)."""
-    pad = past.view(1, -1, 1)
+    pad = tables.past.view(1, -1, 1)
     g, beta = g.masked_fill(pad, 0), beta.masked_fill(pad, 0)
     num_checkpoints = meta.num_tokens // CHUNK_SIZE if meta.track else 0
     slots = meta.cache_indices
@@ -229,10 +318,9 @@ def flashinfer_delta_rule_on_tables(kernel, q, k, v, g, beta, ssm_states, meta, 
         (slots.shape[0], *ssm_states.shape[1:]), dtype=torch.float32
     )
     gather_state_rows(ssm_states, slots, initial)
-    checkpoints = starts = None
+    checkpoints = None
     if num_checkpoints:
         checkpoints = initial.new_empty((num_checkpoints, *initial.shape[1:]))
-        starts = flashinfer_checkpoint_starts(meta.cu_seqlens)
     q, k, v = gdn_prefill_qkv_prepare_fwd(q[0], k[0], v[0])
     o, final = kernel._prefill_fn(
         q=q,
@@ -243,12 +331,12 @@ def flashinfer_delta_rule_on_tables(kernel, q, k, v, g, beta, ssm_states, meta, 
         scale=None,
         initial_state=initial,
         output_final_state=True,
-        cu_seqlens=meta.cu_seqlens.to(torch.int64),
+        cu_seqlens=tables.cu_seqlens,
         use_qk_l2norm_in_kernel=False,
         output=torch.zeros_like(v),
         output_state=torch.empty_like(initial),
         state_checkpoints=checkpoints,
-        checkpoint_cu_starts=starts,
+        checkpoint_cu_starts=tables.checkpoint_starts,
         checkpoint_every_n_tokens=CHUNK_SIZE if num_checkpoints else 0,
     )
     scatter_state_rows(ssm_states, slots, final)
@@ -340,43 +428,51 @@ def chunk_state_rows(meta, num_chunk_rows: int) -> torch.Tensor:
     return rows.clamp(max=num_chunk_rows - 1)
 
 
-def flashinfer_checkpoint_rows(meta, num_checkpoints: int) -> torch.Tensor:
+def flashinfer_checkpoint_rows(meta, num_checkpoints: int, starts=None) -> torch.Tensor:
     """Per table row: the FlashInfer snapshot holding the state at its tracked
     chunk boundary. Triton's ``h`` names the state before chunk c, FlashInfer
-    snapshots after each chunk: c - 1 (sglang's eager checkpoint plan)."""
-    first = flashinfer_checkpoint_starts(meta.cu_seqlens)[:-1]
+    snapshots after each chunk: c - 1 (sglang's eager checkpoint plan).
+    ``starts``: flashinfer_checkpoint_starts' result, if already built."""
+    if starts is None:
+        starts = flashinfer_checkpoint_starts(meta.cu_seqlens)
+    first = starts[:-1]
     rows = first + meta.track_chunk_idx.to(torch.int64) - 1
     return rows.clamp(min=0, max=num_checkpoints - 1)
 
 
-def _snapshot_conv_windows(conv_states, mixed_qkv, meta) -> None:
-    """Eager GDN: conv_states[dst] = mixed_qkv[window rows].T per tracked row."""
-    rows, dst = conv_window_rows(meta, conv_states.shape[-1], mixed_qkv.device)
+def _snapshot_conv_windows(conv_states, mixed_qkv, tables) -> None:
+    """Eager GDN: conv_states[dst] = mixed_qkv[window rows].T per tracked row
+    (conv_window_rows, in ``tables``)."""
+    rows, dst = tables.conv_rows, tables.conv_dst
     conv_states[dst] = mixed_qkv[rows].transpose(1, 2).to(conv_states.dtype)
 
 
-def _snapshot_ssm_states(ssm_states, h, meta, flashinfer: bool = False) -> None:
+def _snapshot_ssm_states(ssm_states, h, meta, tables, flashinfer: bool = False) -> None:
     """Eager GDN tracks the per-chunk state at the row's last chunk boundary
     (Triton's bf16 ``h``, FlashInfer's fp32 snapshots), or the final state of
     chunk-aligned rows; kda_track_ssm_state does the per-row copy on a grid fixed
     by the table. Without snapshots (a bucket under one chunk) no row tracks a
-    chunk state, so the chunk source is a placeholder."""
+    chunk state, so the chunk source is a placeholder. The rows of ``h`` to
+    track are ``tables.ssm_rows`` (flashinfer_checkpoint_rows, chunk_state_rows)."""
     if h is None:
         h_track = ssm_states.new_empty((meta.max_seqs, *ssm_states.shape[1:]))
-    elif flashinfer:
-        # A tracked state before a row's first chunk has no snapshot: sglang's
-        # eager FlashInfer plan raises there; fail as loudly, never copy another
-        # row's state into the prefix cache.
-        torch._assert_async(
-            ((meta.track_mode != TRACK_CHUNK_STATE) | (meta.track_chunk_idx > 0)).all()
-        )
-        rows = flashinfer_checkpoint_rows(meta, h.shape[1])
     else:
-        rows = chunk_state_rows(meta, h.shape[1])
-    if capability.GDN_TRACK_SNAPSHOT_KERNEL:
-        snapshot_chunk_states(ssm_states, h[0], rows, meta)
-        return
-    h_track = h[0].index_select(0, rows)
+        if flashinfer:
+            # A tracked state before a row's first chunk has no snapshot: sglang's
+            # eager FlashInfer plan raises there; fail as loudly, never copy
+            # another row's state into the prefix cache.
+            torch._assert_async(tables.ssm_rows_valid)
+        elif h.shape[1] != meta.chunk_indices.shape[0]:
+            raise RuntimeError(
+                f"the chunk kernels' {h.shape[1]} chunk states do not match the "
+                f"bucket's {meta.chunk_indices.shape[0]} chunk rows"
+            )
+        if capability.GDN_TRACK_SNAPSHOT_KERNEL:
+            snapshot_chunk_states(
+                ssm_states, h[0], tables.ssm_rows, meta, tables.track_src
+            )
+            return
+        h_track = h[0].index_select(0, tables.ssm_rows)
     kda_track_ssm_state(
         ssm_pool=ssm_states,
         h_track=h_track,
@@ -386,21 +482,21 @@ def _snapshot_ssm_states(ssm_states, h, meta, flashinfer: bool = False) -> None:
     )
 
 
-def snapshot_chunk_states(ssm_states, chunk_states, rows, meta) -> None:
+def snapshot_chunk_states(ssm_states, chunk_states, rows, meta, src) -> None:
     """kda_track_ssm_state's copies in one launch of sgl-kernel's
     snapshot_state_rows (GDN_TRACK_SNAPSHOT_KERNEL), a tracked row reading its
     chunk state at ``rows[r]`` of ``chunk_states`` [n, H, V, K] itself: the
     index_select of one state per table row before sglang's kernel is skipped, so
     untracked and padding rows move nothing. Same modes and sources: a
     chunk-aligned row's final state from its cache slot, the others' chunk state,
-    cast to the pool's dtype, into the row's track slot."""
+    cast to the pool's dtype, into the row's track slot. ``src``: arange(rows)."""
     num_rows = meta.track_mode.shape[0]
     snapshot_state_rows(
         ssm_states,
         meta.track_dst,
         meta.track_mode,
         cache_slots=meta.cache_indices,
-        src=torch.arange(num_rows, device=ssm_states.device),
+        src=src,
         grid=chunk_states,
         grid_rows=rows,
         # GDN recomputes no state: a mode no row has, and a source never read.

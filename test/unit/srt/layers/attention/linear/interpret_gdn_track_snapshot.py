@@ -20,6 +20,7 @@ from gdn_stub import (  # noqa: E402
     BUCKET,
     CHUNK,
     TRACKED,
+    WINDOW,
     capture_view,
     live_batch,
     make_gdn,
@@ -84,13 +85,18 @@ def snapshot(pool, states, meta, flashinfer, kernel_on, shift_rows=False):
     kda_prefill_track._kda_track_ssm_kernel = theirs
     real_rows = gdn_prefill_graph.snapshot_chunk_states
     if shift_rows:
-        gdn_prefill_graph.snapshot_chunk_states = lambda p, s, rows, m: real_rows(
-            p, s, (rows + 1) % s.shape[0], m
-        )
+
+        def shifted(pool, states, rows, *args):
+            return real_rows(pool, states, (rows + 1) % states.shape[0], *args)
+
+        gdn_prefill_graph.snapshot_chunk_states = shifted
     capability.GDN_TRACK_SNAPSHOT_KERNEL = kernel_on
     try:
+        tables = gdn_prefill_graph.build_forward_tables(
+            meta, flashinfer=flashinfer, conv_window=WINDOW, device=pool.device
+        )
         gdn_prefill_graph._snapshot_ssm_states(
-            pool, states, meta, flashinfer=flashinfer
+            pool, states, meta, tables, flashinfer=flashinfer
         )
     finally:
         capability.GDN_TRACK_SNAPSHOT_KERNEL = False

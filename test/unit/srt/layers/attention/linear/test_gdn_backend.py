@@ -426,8 +426,9 @@ def _flashinfer_extend(meta, kernel):
     a, b = torch.randn(BUCKET, hv), torch.rand(BUCKET, hv)
     for t in (mixed, a, b):
         t[real:] = float("nan")
+    conv = torch.zeros(16, (2 * hk + hv) * d, WINDOW)  # the conv is stubbed
     out = gdn_prefill_graph.gdn_extend_in_graph(
-        layer=layer, meta=meta, conv_states=None, ssm_states=ssm, mixed_qkv=mixed,
+        layer=layer, meta=meta, conv_states=conv, ssm_states=ssm, mixed_qkv=mixed,
         a=a, b=b, extend_kernel=kernel,
     )  # fmt: skip
     return out, ssm, a, b, real
@@ -495,7 +496,7 @@ def test_the_flashinfer_kernel_reads_no_garbage_past_the_batch(monkeypatch, reac
     monkeypatch.setattr(
         gdn_prefill_graph,
         "zero_rows_in_kernel_reach",
-        lambda x, m: (zeroed.append(x.shape), real_zero(x, m)),
+        lambda x, m, *reach: (zeroed.append(x.shape), real_zero(x, m, *reach)),
     )
     _, _, _, _, real = _flashinfer_extend(meta, kernel)
     (call,) = kernel.calls
@@ -503,3 +504,151 @@ def test_the_flashinfer_kernel_reads_no_garbage_past_the_batch(monkeypatch, reac
     assert BUCKET - real < CHUNK  # every row past the batch is within reach
     for t in (call["q"], call["k"], call["v"]):
         assert torch.isfinite(t).all() and not t[real : real + CHUNK].any()
+
+
+# ---- GDN_TABLES_ONCE_PER_FORWARD: what the layers derive, built once a forward ----
+
+
+class _MarkedCheckpointsKernel(_RecordingFlashInferKernel):
+    """The recording kernel, whose chunk-boundary snapshot i holds i + 1: which
+    snapshot a tracked row copies shows in its track state."""
+
+    def _prefill(self, **kwargs):
+        out, final = super()._prefill(**kwargs)
+        checkpoints = kwargs["state_checkpoints"]
+        if checkpoints is not None:
+            checkpoints.copy_(_slot_markers(checkpoints.shape) + 1)
+        return out, final
+
+
+def _another_batch_view():
+    """A replay of another batch on the bucket: 70, 64 and 110 tokens, row 0
+    untracked, row 1 tracked at a chunk boundary, row 2 inside its second chunk
+    (whose snapshot row moves with row 0's full chunk)."""
+    live = live_batch()
+    lens = [70, 64, 110]
+    live.extend_seq_lens_cpu, live.extend_seq_lens = lens, torch.tensor(lens)
+    live.extend_num_tokens = sum(lens)
+    live.mamba_prefill_track_mask_cpu = [False, True, True]
+    live.mamba_track_mask = torch.tensor(live.mamba_prefill_track_mask_cpu)
+    view = replay_view(live)
+    view.extend_seq_lens = torch.tensor([*lens, 0])
+    return view
+
+
+def _first_batch_view():
+    live = live_batch()
+    live.mamba_prefill_track_mask_cpu = [False, *TRACKED[1:]]
+    live.mamba_track_mask = torch.tensor(live.mamba_prefill_track_mask_cpu)
+    return replay_view(live)
+
+
+def _forwards_through_the_backend(monkeypatch, once_per_forward, num_layers=3):
+    """The GDN backend's captured extend (sglang's forward_extend, under a full
+    prefill graph) over ``num_layers`` layers, one forward per batch: the
+    bucket's tables refilled for each batch, as before a replay. Per forward and
+    layer, what the FlashInfer kernel and the track copy got; and how often the
+    layers' derived tables were built. The GPU's SM is simulated (an H200)."""
+    monkeypatch.setattr(capability, "GDN_TABLES_ONCE_PER_FORWARD", once_per_forward)
+    monkeypatch.setattr(gdn_flashinfer, "mamba_cache_chunk_size", lambda: CHUNK)
+    launched = {}
+    _stub_kernels_around_flashinfer(monkeypatch, launched)
+    builds = []
+    real_build = gdn_prefill_graph.build_forward_tables
+    monkeypatch.setattr(
+        gdn_prefill_graph,
+        "build_forward_tables",
+        lambda *a, **kw: builds.append(1) or real_build(*a, **kw),
+    )
+    kernel = _MarkedCheckpointsKernel()
+    backend = make_gdn(extend_kernel=kernel)
+    hk, hv, d = 1, 2, 128
+    caches = {
+        i: SimpleNamespace(
+            conv=[torch.zeros(16, (2 * hk + hv) * d, WINDOW)],
+            temporal=_slot_markers((16, hv, d, d)),
+        )
+        for i in range(num_layers)
+    }
+    backend.req_to_token_pool.mamba2_layer_cache = caches.__getitem__
+    with simulated_gpu("h200"):  # FlashInfer's GDN prefill captures on SM90
+        ours.prepare_full_prefill_graph_tables(backend, capture_view(), in_capture=True)
+    seen = []
+    for view in (_first_batch_view(), _another_batch_view()):
+        ours.prepare_full_prefill_graph_tables(backend, view, in_capture=False)
+        builds.clear()
+        for i in range(num_layers):
+            layer = SimpleNamespace(
+                layer_id=i, conv_weights=None, bias=None, activation="silu",
+                A_log=None, dt_bias=None, num_q_heads=hk, num_k_heads=hk,
+                num_v_heads=hv, head_q_dim=d, head_k_dim=d, head_v_dim=d,
+                q_dim=hk * d, k_dim=hk * d, v_dim=hv * d,
+            )  # fmt: skip
+            x = torch.randn(BUCKET, (2 * hk + hv) * d)
+            a, b = torch.randn(BUCKET, hv), torch.rand(BUCKET, hv)
+            with prefill_graph_scope(full_graph=True):
+                backend.forward_extend(
+                    layer=layer, forward_batch=view, mixed_qkv=x, a=a, b=b
+                )
+            call = kernel.calls[-1]
+            seen.append(
+                {
+                    "cu_seqlens": call["cu_seqlens"].tolist(),
+                    "checkpoint_starts": call["checkpoint_cu_starts"].tolist(),
+                    "tracked": launched["kda_track_ssm_state"]["h_track"][:, 0, 0, 0],
+                }
+            )
+        seen[-1]["builds"] = len(builds)
+    return seen, backend
+
+
+def test_the_layers_tables_built_once_per_forward_equal_each_layers_own(monkeypatch):
+    """GDN_TABLES_ONCE_PER_FORWARD: over forwards on refilled tables (two
+    batches), every layer's FlashInfer call and track copy get what each layer's
+    own tables give (the second batch's, not the first's, in the second forward:
+    a layer reading tables its forward's first layer did not rebuild would
+    differ), and the tables are built once a forward instead of once a layer."""
+    each, _ = _forwards_through_the_backend(monkeypatch, once_per_forward=False)
+    with pytest.MonkeyPatch.context() as patch:
+        once, backend = _forwards_through_the_backend(patch, once_per_forward=True)
+    assert isinstance(
+        backend.full_prefill_graph_forward_tables,
+        gdn_prefill_graph.ForwardTablesOfCapture,
+    )
+    assert [s.get("builds") for s in each] == [None, None, 3, None, None, 3]
+    assert [s.get("builds") for s in once] == [None, None, 1, None, None, 1]
+    for mine, theirs in zip(once, each):
+        assert mine["cu_seqlens"] == theirs["cu_seqlens"]
+        assert mine["checkpoint_starts"] == theirs["checkpoint_starts"]
+        assert torch.equal(mine["tracked"], theirs["tracked"])
+    assert each[0]["cu_seqlens"] != each[3]["cu_seqlens"]  # the batches differ
+    assert not torch.equal(each[0]["tracked"], each[3]["tracked"])
+
+
+def test_the_tables_of_each_bucket_and_capture_are_their_own():
+    """ForwardTablesOfCapture keeps one entry per bucket's tables: a layer of
+    another bucket builds that bucket's, and its first layer rebuilds them on
+    its next forward; the backend starts a fresh one at every capture."""
+    memo = gdn_prefill_graph.ForwardTablesOfCapture()
+    a, b = object(), object()
+    built = iter(range(100))
+    assert memo.get(a, 0, lambda: next(built)) == 0
+    assert memo.get(a, 1, lambda: next(built)) == 0  # read
+    assert memo.get(b, 0, lambda: next(built)) == 1  # another bucket
+    assert memo.get(a, 1, lambda: next(built)) == 0
+    assert memo.get(a, 0, lambda: next(built)) == 2  # a's next forward
+    assert memo.get(b, 1, lambda: next(built)) == 1
+    backend = make_gdn()
+    ours.prepare_full_prefill_graph_tables(backend, capture_view(), in_capture=True)
+    first = backend.full_prefill_graph_forward_tables
+    ours.prepare_full_prefill_graph_tables(
+        backend, replay_view(live_batch()), in_capture=False
+    )
+    assert backend.full_prefill_graph_forward_tables is first  # a replay keeps it
+    ours.prepare_full_prefill_graph_tables(backend, capture_view(), in_capture=True)
+    assert backend.full_prefill_graph_forward_tables is not first
+
+
+def test_the_tables_once_per_forward_ship_off():
+    """Off until a GPU runs it (GDN_TABLES_ONCE_PER_FORWARD's comment)."""
+    assert capability.GDN_TABLES_ONCE_PER_FORWARD is False
