@@ -7,7 +7,8 @@
 #     >/tmp/block.log 2>&1 </dev/null & }
 # then only polling calls, back to back: RES=/tmp/res bash test/gpu/poll_block.sh 240
 # Each block is about 25 min of a 30-min device budget with the bundle and set-up
-# on a fresh machine: one block a session. Bundles: mamba2 serves on FlashInfer
+# on a fresh machine, qwen3.5's (a PRE and five servers) likely more, not timed
+# whole: one block a session, BLOCK_STEPS=N for less. Bundles: mamba2 serves on FlashInfer
 # (a NOFA3=1 re-split will do), qwen3-next on fa3 and stops at once without it
 # (docs/next_gpu_blocks.md).
 #
@@ -47,9 +48,8 @@
 #     prompt's every chunk on the graph, its outputs equal to eager.
 #
 # qwen3.5 (issue 13 on an H100, which sessions get far more often than an H200):
-#  PRE: the captured extend's GPU cases of steps 2 and 3's switches
-#     (test_gdn_extend_kernel.py -k "1slot or track_kernel or shared_tables",
-#     about 2 min);
+#  PRE: the captured extend's GPU cases of steps 2-4's switches
+#     (test_gdn_extend_kernel.py -k "1slot or track_kernel or shared_tables");
 #  1. the qwen3-next block's first serving step on Qwen3.5-35B-A3B's text model
 #     (FP8, about 36 GB of weights; served once, 2026-12-07d: full 10-13 % slower
 #     than breakable for one long prompt), as shipped since (the reach-only
@@ -59,15 +59,16 @@
 #     context-parallel GDN prefill for one prompt, as eager runs it), bursts and
 #     long prompts, profiled as step 1; POST diffs its kernels against step 1's
 #     full server (slots_16_vs_one_slot_kernels.txt);
-#  3. step 1's full server with fewer small device ops a GDN layer: the
-#     prefix-cache snapshot in one kernel launch (the test probe's
-#     GRAPHFIX_PROBE_GDN_TRACK_SNAPSHOT_KERNEL=1: no gather of every request
-#     slot's state first) and the index tables the layers derive built once a
-#     forward (GRAPHFIX_PROBE_GDN_TABLES_ONCE_PER_FORWARD=1), the same runs
-#     profiled; POST diffs its kernels against step 1's full server
-#     (per_layer_vs_once_kernels.txt);
-#  4. the disabled server, step 1's runs (last: the switches need breakable
-#     and full only);
+#  3. step 1's full server with the index tables the GDN layers derive built
+#     once a forward (the test probe's GRAPHFIX_PROBE_GDN_TABLES_ONCE_PER_FORWARD=1:
+#     30 small device ops a layer fewer), the same runs profiled; POST diffs
+#     its kernels against step 1's full server (per_layer_vs_once_kernels.txt);
+#  4. step 1's full server with the prefix-cache snapshot in one kernel launch
+#     a layer (GRAPHFIX_PROBE_GDN_TRACK_SNAPSHOT_KERNEL=1: no gather of every
+#     request slot's state first), likewise (track_gather_vs_kernel_kernels.txt);
+#  5. the disabled server, step 1's runs (last: the switches need breakable
+#     and full only), diffed against step 1's (full_vs_disabled_kernels.txt,
+#     breakable_vs_disabled_kernels.txt);
 #  then (POST) a tiny Qwen3.5 MoE engine's full graph vs
 #  eager on the same kernels and its wrong-state control
 #  (test_hybrid_full_prefill_graph.py -k qwen3_5_moe; 7 min on 2026-12-07c, where
@@ -112,27 +113,39 @@ for run in serving serving_2 serving_3 serving_4; do
     done
   done
 done'
-# POST's lines for step 1's full server against a later step's (RUN, serving_2
-# unless given), where both summarised (their traces parse): one summary of the
-# two reports, bounded and kept only when whole, into $OUT/NAME_profile.json,
-# and its kernels diffed into $OUT/NAME_kernels.txt.
-cross_step_diff() {
-  local run=${2:-serving_2}
+# POST's lines: one summary of step 1's report and those of the later steps
+# named (RUN...) whose traces summarised (steps cut short or whose traces did
+# not parse are left out), bounded and kept only when whole, into
+# $OUT/NAME_profile.json; trace_summary.py names a later report's server of a
+# mode already seen "MODE (RUN)".
+steps_summary() {
+  local name=$1 run runs=
+  shift
+  for run in "$@"; do runs+=" $run"; done
   printf '%s' "
-both=\"\$OUT/$1_profile.json\"
-[ -s \"\$OUT/serving_profile.json\" ] && [ -s \"\$OUT/${run}_profile.json\" ] \\
-  && timeout 300 python3 benchmark/trace_summary.py \$res/serving/serving_prefill_graph.json \\
-    \$res/$run/serving_prefill_graph.json >\"\$both.partial\" \\
-  && mv \"\$both.partial\" \"\$both\" \\
-  && python3 benchmark/profile_diff.py \"\$both\" --a full --b 'full ($run)' \\
-    --ops kernels >\"\$OUT/$1_kernels.txt\" 2>&1
+both=\"\$OUT/${name}_profile.json\"
+reports=
+for run in$runs; do
+  [ -s \"\$OUT/\${run}_profile.json\" ] && reports=\"\$reports \$res/\$run/serving_prefill_graph.json\"
+done
+[ -s \"\$OUT/serving_profile.json\" ] && [ -n \"\$reports\" ] \\
+  && timeout 600 python3 benchmark/trace_summary.py \$res/serving/serving_prefill_graph.json \$reports \\
+    >\"\$both.partial\" \\
+  && mv \"\$both.partial\" \"\$both\"
 rm -f \"\$both.partial\""
+}
+# POST's line: server A's kernels against server B's in NAME's summary
+# (steps_summary), into $OUT/OUT_kernels.txt.
+steps_diff() {
+  printf '%s' "
+[ -s \"\$OUT/$1_profile.json\" ] && python3 benchmark/profile_diff.py \"\$OUT/$1_profile.json\" \\
+  --a '$3' --b '$4' --ops kernels >\"\$OUT/$2_kernels.txt\" 2>&1"
 }
 case $block in
   mamba2)
     # Step 1's full server (one-slot graphs, as shipped) against step 2's
     # (without them).
-    export POST="$POST$(cross_step_diff one_slot_vs_16)
+    export POST="$POST$(steps_summary one_slot_vs_16 serving_2)$(steps_diff one_slot_vs_16 one_slot_vs_16 full 'full (serving_2)')
 # Triton kernels the full servers compiled, or first loaded onto the GPU, after
 # start-up (sglang's load watch: a compile is logged only where it missed
 # Triton's disk cache, which an earlier run may have filled, and took a second or
@@ -168,28 +181,36 @@ grep -h -e 'to compile after serving started' -e 'device-loaded after serving st
     third=()
     first_modes=breakable,full,disabled
     if [ "$block" = qwen3.5 ]; then
-      # After the servers: step 1's full server (16 request slots) against step
-      # 2's (GDN_SINGLE_REQUEST_GRAPHS: a graph over one slot for one long
-      # prompt) and step 3's (GDN_TRACK_SNAPSHOT_KERNEL and
-      # GDN_TABLES_ONCE_PER_FORWARD), where both summarised;
-      # the one-slot captured extend with the reach-only zeroing, as they would
-      # ship, and the captured extend with step 3's switches (about 2 min);
-      # then a tiny Qwen3.5 MoE engine's graph vs eager on the same kernels,
-      # with the wrong-state control (7 min on 2026-12-07c).
+      # After the servers: one summary of every step's report, and step 1's
+      # full server (16 request slots) against step 2's
+      # (GDN_SINGLE_REQUEST_GRAPHS: a graph over one slot for one long prompt),
+      # step 3's (GDN_TABLES_ONCE_PER_FORWARD) and step 4's
+      # (GDN_TRACK_SNAPSHOT_KERNEL), and step 1's servers against step 5's
+      # disabled one; then a tiny Qwen3.5 MoE engine's graph vs eager on the
+      # same kernels, with the wrong-state control (7 min on 2026-12-07c).
       model=qwen3.5-35b-a3b-fp8
       later="--model $model --modes full --workloads burst,long --quick --profile long_8k-16k,4_x_256_tokens"
       second="$probe GRAPHFIX_PROBE_GDN_SINGLE_REQUEST_GRAPHS=1 $later"
-      third=("$probe GRAPHFIX_PROBE_GDN_TRACK_SNAPSHOT_KERNEL=1 GRAPHFIX_PROBE_GDN_TABLES_ONCE_PER_FORWARD=1 $later")
+      third=(
+        "$probe GRAPHFIX_PROBE_GDN_TABLES_ONCE_PER_FORWARD=1 $later"
+        "$probe GRAPHFIX_PROBE_GDN_TRACK_SNAPSHOT_KERNEL=1 $later"
+      )
       # Disabled last (lost to the machine on 2026-12-07d): the switches'
       # comparisons need breakable and full only, so a cut block keeps them.
       first_modes=breakable,full
       third+=("$probe --model $model --modes disabled --workloads chat,burst,long --quick --profile long_8k-16k,4_x_256_tokens")
-      # First (PRE, about 2 min): the captured extend's GPU cases the
-      # switches wait for, so that a block cut short still has them.
+      # First (PRE): the captured extend's GPU cases the switches wait for, so
+      # that a block cut short still has them (not timed: 16 cases of that file
+      # took 93 s on an H100, 2026-12-07d; these are 22).
       export PRE="timeout 300 python3 -m pytest test/gpu/test_gdn_extend_kernel.py \
 -k '1slot or track_kernel or shared_tables' -q -rA -p no:cacheprovider \
 >\"\$OUT/gdn_extend_kernel.log\" 2>&1"
-      export POST="$POST$(cross_step_diff slots_16_vs_one_slot)$(cross_step_diff per_layer_vs_once serving_3)
+      export POST="$POST$(steps_summary steps serving_2 serving_3 serving_4 serving_5)$(
+        steps_diff steps slots_16_vs_one_slot full 'full (serving_2)')$(
+        steps_diff steps per_layer_vs_once full 'full (serving_3)')$(
+        steps_diff steps track_gather_vs_kernel full 'full (serving_4)')$(
+        steps_diff steps full_vs_disabled full disabled)$(
+        steps_diff steps breakable_vs_disabled breakable disabled)
 timeout 600 python3 -m pytest test/gpu/test_hybrid_full_prefill_graph.py -k qwen3_5_moe \
   -q -rA -p no:cacheprovider >\"\$OUT/qwen3_5_moe_engine.log\" 2>&1"
     else

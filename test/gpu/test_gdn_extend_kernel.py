@@ -187,9 +187,7 @@ class _CapturedExtend:
         # shared: the forward's first GDN layer (layer 0, on scratch pools) runs
         # before the measured one and builds the tables both read
         # (GDN_TABLES_ONCE_PER_FORWARD); a replay must rebuild them in the graph.
-        self.forward_tables = (
-            gdn_prefill_graph.ForwardTablesOfCapture() if shared else None
-        )
+        self.forward_tables = gdn_prefill_graph.ForwardTablesMemo() if shared else None
         self.first_layer = SimpleNamespace(**{**vars(layer), "layer_id": 0})
         self.scratch = conv.clone(), ssm.clone()
         self.meta = KDAPrefillGraphMetadata.allocate(
@@ -270,7 +268,7 @@ class _CapturedExtend:
 # on FlashInfer's checkpoints (with the reach-only zeroing, as it ships).
 # *_shared_tables: the measured layer reads the tables the forward's first GDN
 # layer built in the same graph (GDN_TABLES_ONCE_PER_FORWARD), each replay on
-# the batch's refilled tables.
+# the batch's refilled tables; and both switches at once.
 KERNELS = {
     "triton": lambda: None,
     "flashinfer": FlashInferGDNKernel,
@@ -280,6 +278,7 @@ KERNELS = {
     "flashinfer_track_kernel": FlashInferGDNKernel,
     "triton_shared_tables": lambda: None,
     "flashinfer_shared_tables": FlashInferGDNKernel,
+    "flashinfer_track_kernel_shared_tables": FlashInferGDNKernel,
 }
 CASES = [(kernel, hv) for kernel in KERNELS for hv in VALUE_HEADS]
 
@@ -297,11 +296,9 @@ def captured(request):
             "GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY",
             name != "flashinfer",
         )
-        patch.setattr(
-            capability, "GDN_TRACK_SNAPSHOT_KERNEL", name.endswith("_track_kernel")
-        )
+        patch.setattr(capability, "GDN_TRACK_SNAPSHOT_KERNEL", "_track_kernel" in name)
         max_seqs = 1 if name == "flashinfer_1slot" else MAX_SEQS
-        shared = name.endswith("_shared_tables")
+        shared = "_shared_tables" in name
         graph = _CapturedExtend(kernel, layer, conv, ssm, max_seqs, shared)
     return layer, graph, f"{name}_hv{hv}"
 

@@ -351,16 +351,17 @@ QWEN3_5_SECOND = (
     ],
 )
 def test_next_block_gdn_serves_issue_13s_runs(block, name, model, engine_test, second):
-    """next_block.sh qwen3-next and qwen3.5: the three servers at sglang's default
+    """next_block.sh qwen3-next and qwen3.5: the servers at sglang's default
     chunking with their long prompts profiled, the probe on their path, then
     qwen3-next's breakable and full at a chunked prefill of 512 (the flag after
-    --, for sglang), qwen3.5's full server with the one-slot GDN graphs, then
-    with the snapshot kernel (the probe's switches, one a server), each
-    profiled as the first and diffed against its full server; qwen3-next runs
-    the Kimi-Linear slot-floor engine test after them; qwen3.5 runs the
-    captured extend's GPU cases of both switches first (PRE), its disabled
-    server last, then its tiny Qwen3.5 MoE engine's graph vs eager and control
-    (POST, after the servers)."""
+    --, for sglang); qwen3.5's full server with each of its three switches (the
+    probe's, one a server: one-slot graphs, tables once a forward, the snapshot
+    kernel), profiled as the first, then the disabled server last; one summary
+    of every report and each later full server, and the disabled one, diffed
+    against step 1's. qwen3-next runs the Kimi-Linear slot-floor engine test
+    after them; qwen3.5 runs the captured extend's GPU cases of the switches
+    first (PRE), and its tiny Qwen3.5 MoE engine's graph vs eager and control
+    after the servers (POST)."""
     tmp, env = block
     env["PYTHONPATH"] = "/site"
     done = _run("next_block.sh", [name], env)
@@ -373,8 +374,7 @@ def test_next_block_gdn_serves_issue_13s_runs(block, name, model, engine_test, s
     if qwen3_5:  # disabled last, after the switches' servers
         assert serving == [
             f"serving [--model {model} --modes breakable,full {runs}] FOO=unset",
-            f"serving [--model {model} {second}] FOO=unset",
-            f"serving [--model {model} {second}] FOO=unset",
+            *[f"serving [--model {model} {second}] FOO=unset"] * 3,
             f"serving [--model {model} --modes disabled {runs}] FOO=unset",
         ]
     else:
@@ -387,44 +387,49 @@ def test_next_block_gdn_serves_issue_13s_runs(block, name, model, engine_test, s
         f"env unset 1 unset unset load=unset compile=unset {ROOT}/test/gpu/probe:/site"
     )
     assert (tmp / "calls.log.env").read_text().splitlines() == (
-        [probe] * 4
+        [probe] * 5
         if qwen3_5
         else [probe, "env unset unset unset unset load=unset compile=unset /site"]
     )
+    none = "gdn unset unset unset"
     assert (tmp / "calls.log.gdn").read_text().splitlines() == (
-        ["gdn unset unset unset", "gdn 1 unset unset", "gdn unset 1 1"]
-        + ["gdn unset unset unset"]
+        [none, "gdn 1 unset unset", "gdn unset unset 1", "gdn unset 1 unset", none]
         if qwen3_5
-        else ["gdn unset unset unset"] * 2
+        else [none] * 2
     )
-    profile = res / "post" / "serving_profile.json"
-    diff = f"post benchmark/profile_diff.py {profile} --a full --b disabled"
-    assert f"{diff} --ops kernels" in calls
-    both = res / "post" / "slots_16_vs_one_slot_profile.json"
-    one_slot_diff = (
-        f"post benchmark/profile_diff.py {both} --a full --b full (serving_2) "
-        "--ops kernels"
-    )
-    kernel_both = res / "post" / "per_layer_vs_once_profile.json"
-    kernel_diff = (
-        f"post benchmark/profile_diff.py {kernel_both} --a full --b full (serving_3) "
-        "--ops kernels"
-    )
-    if qwen3_5:  # the later servers profiled, each diffed against step 1's full
-        for run in ("serving_2", "serving_3"):
+    steps = res / "post" / "steps_profile.json"
+    later = ("serving_2", "serving_3", "serving_4", "serving_5")
+    diffs = {
+        "slots_16_vs_one_slot": ("full", "full (serving_2)"),
+        "per_layer_vs_once": ("full", "full (serving_3)"),
+        "track_gather_vs_kernel": ("full", "full (serving_4)"),
+        "full_vs_disabled": ("full", "disabled"),
+        "breakable_vs_disabled": ("breakable", "disabled"),
+    }
+    diff_calls = [
+        f"post benchmark/profile_diff.py {steps} --a {a} --b {b} --ops kernels"
+        for a, b in diffs.values()
+    ]
+    if qwen3_5:  # every later server profiled; one summary of all five reports
+        for run in later:
             assert (res / "post" / f"{run}_profile.json").exists()
-        reports = [
-            res / r / "serving_prefill_graph.json" for r in ("serving", "serving_3")
-        ]
-        assert f"post benchmark/trace_summary.py {reports[0]} {reports[1]}" in calls
-        assert one_slot_diff in calls and kernel_diff in calls
-        assert (res / "post" / "slots_16_vs_one_slot_kernels.txt").exists()
-        assert (res / "post" / "per_layer_vs_once_kernels.txt").exists()
+        reports = " ".join(
+            str(res / r / "serving_prefill_graph.json") for r in ("serving", *later)
+        )
+        assert f"post benchmark/trace_summary.py {reports}" in calls
+        assert [
+            c for c in calls if c.startswith(f"post benchmark/profile_diff.py {steps}")
+        ] == diff_calls
+        for out in diffs:
+            assert (res / "post" / f"{out}_kernels.txt").exists()
     else:  # the chunked-512 run profiles nothing: no summary, no diffs of it
         assert not [c for c in calls if "serving_2" in c and c.startswith("post ")]
         assert not (res / "post" / "serving_2_profile.json").exists()
-        assert one_slot_diff not in calls and kernel_diff not in calls
+        assert not steps.exists() and not set(diff_calls) & set(calls)
         assert not (res / "serving_3").exists()
+        profile = res / "post" / "serving_profile.json"
+        diff = f"post benchmark/profile_diff.py {profile} --a full --b disabled"
+        assert f"{diff} --ops kernels" in calls
     gpu_tests = [GDN_EXTEND, engine_test] if qwen3_5 else [engine_test]
     assert [c for c in calls if c.startswith("pytest")] == gpu_tests
     servers = [i for i, c in enumerate(calls) if c.startswith("serving")]
@@ -434,6 +439,23 @@ def test_next_block_gdn_serves_issue_13s_runs(block, name, model, engine_test, s
         assert (res / "pre.log").exists()
     assert "post rc=0" in (res / "progress.log").read_text()
     assert (res / "DONE").exists()
+
+
+def test_a_cut_qwen3_5_block_summarises_the_steps_that_ran(block):
+    """BLOCK_STEPS=3 on qwen3.5: the steps' summary holds the reports of the
+    steps that ran (step 1's and the two later full servers'), not the missing
+    ones."""
+    tmp, env = block
+    done = _run("next_block.sh", ["qwen3.5"], {**env, "BLOCK_STEPS": "3"})
+    assert done.returncode == 0, done.stderr
+    res = tmp / "res"
+    calls = (tmp / "calls.log").read_text().splitlines()
+    assert len([c for c in calls if c.startswith("serving")]) == 3
+    reports = " ".join(
+        str(res / r / "serving_prefill_graph.json")
+        for r in ("serving", "serving_2", "serving_3")
+    )
+    assert f"post benchmark/trace_summary.py {reports}" in calls
 
 
 def test_next_block_qwen3_next_stops_on_a_site_without_fa3(block):

@@ -510,13 +510,14 @@ GDN_TRACK_SNAPSHOT_KERNEL = False
 # rows past the batch, FlashInfer's int64 cu_seqlens and checkpoint starts, the
 # conv-window and chunk-state rows to track, ...) built once per forward, by its
 # first GDN layer, and read by the others
-# (..layers.attention.linear.gdn_prefill_graph.ForwardTablesOfCapture), instead
+# (..layers.attention.linear.gdn_prefill_graph.ForwardTablesMemo), instead
 # of by every layer: 30 small ops a layer on FlashInfer's prefill with
 # prefix-cache tracking (14 on Triton's; counted at torch's dispatcher on CPU,
 # the same calls on a GPU), each a node of the graph. Profiled served on an
 # H100 at Qwen3.5-35B-A3B's dimensions (benchmark/results/gpu/serving_2026-12-07d/,
 # 30 GDN layers, 4 x 256 tokens): 1416 device ops a prefill forward under the
-# full graph against breakable's 896, and 3.2 ms more device time a forward.
+# full graph against breakable's 896, and 3.2 ms more device time a forward (how
+# much of it these ops take is not measured).
 # The same ops on the same tables, so the same values; equal to per-layer
 # tables on CPU through the backend's captured extend, over forwards on
 # refilled tables (test/unit/srt/layers/attention/linear/test_gdn_backend.py).

@@ -30,7 +30,7 @@ from sglang_graphfix.srt.full_prefill_graph_capability import (
     require_capturable_full_prefill_graph,
 )
 from sglang_graphfix.srt.layers.attention.linear.gdn_prefill_graph import (
-    ForwardTablesOfCapture,
+    ForwardTablesMemo,
     gdn_extend_in_graph,
 )
 from sglang_graphfix.srt.layers.attention.linear.kda_prefill_graph import (
@@ -53,7 +53,7 @@ def prepare_full_prefill_graph_tables(
     if in_capture:
         # Read by forward_extend while this bucket warms up and is captured.
         backend.full_prefill_graph_capture = meta
-        backend.full_prefill_graph_forward_tables = ForwardTablesOfCapture()
+        backend.full_prefill_graph_forward_tables = ForwardTablesMemo()
     return meta
 
 

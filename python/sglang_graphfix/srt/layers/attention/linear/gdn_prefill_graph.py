@@ -95,8 +95,9 @@ FLASHINFER_GDN_TILE_ROWS = 64
 
 # Untracked rows of a snapshot scatter land in the reserved mamba padding slot.
 _PADDING_SLOT = 0
-# No track row has this mode (kda_prefill_track's are 0, 1 and 2).
-_NO_TRACK_MODE = -1
+# snapshot_state_rows' recompute mode, which GDN never uses: no track row has
+# it (kda_prefill_track's modes are 0, 1 and 2).
+_UNUSED_RECOMPUTE_MODE = -1
 
 
 class GDNForwardTables(NamedTuple):
@@ -111,17 +112,17 @@ class GDNForwardTables(NamedTuple):
     conv_rows: torch.Tensor | None  # conv_window_rows (tracking buckets)
     conv_dst: torch.Tensor | None
     ssm_rows: torch.Tensor | None  # each table row's chunk state to track
-    ssm_rows_valid: torch.Tensor | None  # FlashInfer: no track inside chunk 0
     track_src: torch.Tensor | None  # arange(rows) (GDN_TRACK_SNAPSHOT_KERNEL)
 
 
 def build_forward_tables(
     meta, *, flashinfer: bool, conv_window: int, device
 ) -> GDNForwardTables:
-    """GDNForwardTables for ``meta``: a few small device ops on its tables."""
+    """GDNForwardTables for ``meta``: a few small device ops on its tables (30
+    with FlashInfer's prefill and prefix-cache tracking, 14 with Triton's)."""
     num_checkpoints = meta.num_tokens // CHUNK_SIZE if meta.track else 0
     past = reach_rows = reach_past = cu_seqlens = starts = None
-    conv_rows = conv_dst = ssm_rows = ssm_rows_valid = track_src = None
+    conv_rows = conv_dst = ssm_rows = track_src = None
     if flashinfer:
         past = rows_past_batch(meta)
         if capability.GDN_FLASHINFER_ZEROES_KERNEL_REACH_ONLY:
@@ -132,36 +133,62 @@ def build_forward_tables(
     if meta.track:
         conv_rows, conv_dst = conv_window_rows(meta, conv_window, device)
         if flashinfer and num_checkpoints:
+            # A tracked state before a row's first chunk has no snapshot:
+            # sglang's eager FlashInfer plan raises there; fail as loudly (before
+            # any layer's copy), never copy another row's state into the prefix
+            # cache.
+            torch._assert_async(
+                (
+                    (meta.track_mode != TRACK_CHUNK_STATE) | (meta.track_chunk_idx > 0)
+                ).all()
+            )
             ssm_rows = flashinfer_checkpoint_rows(meta, num_checkpoints, starts)
-            ssm_rows_valid = (
-                (meta.track_mode != TRACK_CHUNK_STATE) | (meta.track_chunk_idx > 0)
-            ).all()
         elif not flashinfer:
             ssm_rows = chunk_state_rows(meta, meta.chunk_indices.shape[0])
         if capability.GDN_TRACK_SNAPSHOT_KERNEL:
             track_src = torch.arange(meta.track_mode.shape[0], device=device)
     return GDNForwardTables(
         past, reach_rows, reach_past, cu_seqlens, starts, conv_rows, conv_dst,
-        ssm_rows, ssm_rows_valid, track_src,
+        ssm_rows, track_src,
     )  # fmt: skip
 
 
-class ForwardTablesOfCapture:
-    """GDNForwardTables built once per captured forward (GDN_TABLES_ONCE_PER_FORWARD):
-    by the first GDN layer that asks for a bucket's tables, which every later
-    forward of the capture (the warm-ups, the recorded one) also runs first, so
-    each of them builds its own and a replay rebuilds them from the refilled
-    tables before any layer reads them; the other layers read that layer's."""
+class ForwardTablesMemo:
+    """GDNForwardTables built once per forward (GDN_TABLES_ONCE_PER_FORWARD), by
+    the first GDN layer that asks for a bucket's tables; every later forward of
+    the capture (the warm-ups, the recorded one) runs that layer first too, so
+    each builds its own and a replay rebuilds them from the refilled tables
+    before any other layer reads them. In graph, rather than where the tables
+    are refilled: that is host work before every replay (issue 13's host-time
+    goal), these are device ops once a replay. A layer that reads twice without
+    the builder rebuilding in between (the forward's first GDN layer changed),
+    or asks for tables built another way, raises instead of reading stale ones.
+    One memo per capture (prepare_full_prefill_graph_tables); entries per
+    tables object."""
 
     def __init__(self):
-        self._built = {}  # id(meta) -> (meta, builder's layer id, tables)
+        # id(meta) -> [meta, build spec, builder's layer id, tables, readers]
+        self._built = {}
 
-    def get(self, meta, layer_id, build) -> GDNForwardTables:
+    def get(self, meta, layer_id, spec, build) -> GDNForwardTables:
         entry = self._built.get(id(meta))
-        if entry is None or entry[0] is not meta or entry[1] == layer_id:
-            entry = (meta, layer_id, build())
+        if entry is None or entry[2] == layer_id:
+            entry = [meta, spec, layer_id, build(), set()]
             self._built[id(meta)] = entry
-        return entry[2]
+        elif entry[1] != spec:
+            raise RuntimeError(
+                f"GDN layer {layer_id} asks for its forward's tables built as "
+                f"{spec}; layer {entry[2]} built them as {entry[1]}"
+            )
+        elif layer_id in entry[4]:
+            raise RuntimeError(
+                f"GDN layer {layer_id} reads its forward's tables twice without "
+                f"layer {entry[2]}, which built them, rebuilding them: the "
+                "forward's first GDN layer changed"
+            )
+        else:
+            entry[4].add(layer_id)
+        return entry[3]
 
 
 def gdn_extend_in_graph(
@@ -174,7 +201,7 @@ def gdn_extend_in_graph(
     a: torch.Tensor,
     b: torch.Tensor,
     extend_kernel=None,
-    forward_tables: ForwardTablesOfCapture | None = None,
+    forward_tables: ForwardTablesMemo | None = None,
 ) -> torch.Tensor:
     """GDNAttnBackend.forward_extend (plain extend) with launch grids that depend
     only on the bucket. ``conv_states`` / ``ssm_states`` are the layer's
@@ -183,19 +210,15 @@ def gdn_extend_in_graph(
     ``forward_tables`` the capture's GDNForwardTables, None to build them here.
     Returns [1, num_tokens, H, V]."""
     flashinfer = isinstance(extend_kernel, FlashInferGDNKernel)
+    spec = dict(flashinfer=flashinfer, conv_window=conv_states.shape[-1])
 
     def build():
-        return build_forward_tables(
-            meta,
-            flashinfer=flashinfer,
-            conv_window=conv_states.shape[-1],
-            device=mixed_qkv.device,
-        )
+        return build_forward_tables(meta, **spec, device=mixed_qkv.device)
 
     if forward_tables is None:
         tables = build()
     else:
-        tables = forward_tables.get(meta, layer.layer_id, build)
+        tables = forward_tables.get(meta, layer.layer_id, spec, build)
     if meta.track:
         # Before the conv kernel shifts the cache; the windows come from the raw input.
         _snapshot_conv_windows(conv_states, mixed_qkv, tables)
@@ -214,7 +237,7 @@ def gdn_extend_in_graph(
     ).transpose(0, 1)
     if flashinfer:
         if tables.reach_rows is not None:
-            zero_rows_in_kernel_reach(x, meta, (tables.reach_rows, tables.reach_past))
+            zero_rows_in_kernel_reach(x, tables.reach_rows, tables.reach_past)
         else:
             x = x.masked_fill(tables.past.unsqueeze(-1), 0)
 
@@ -257,7 +280,7 @@ def rows_past_batch(meta) -> torch.Tensor:
     return meta.token_index >= meta.num_logical_tokens
 
 
-def zero_rows_in_kernel_reach(x: torch.Tensor, meta, reach=None) -> None:
+def zero_rows_in_kernel_reach(x: torch.Tensor, rows, past) -> None:
     """Zero, in place, the rows of ``x`` [num_tokens, dim] past the batch that
     FlashInfer's GDN prefill loads: it reads whole tiles of
     FLASHINFER_GDN_TILE_ROWS from each sequence's start, so the last sequence's
@@ -268,9 +291,7 @@ def zero_rows_in_kernel_reach(x: torch.Tensor, meta, reach=None) -> None:
     clamped to the bucket's last row. Indices the clamp repeats always carry
     equal values, so the order of the copies does not matter: zero where the
     bucket's last row is past the batch, its own value (written back unchanged)
-    where the batch fills the bucket. ``reach``: kernel_reach_rows' result, if
-    already built."""
-    rows, past = reach if reach is not None else kernel_reach_rows(meta, x.shape[0])
+    where the batch fills the bucket. ``rows``, ``past``: kernel_reach_rows'."""
     x.index_copy_(0, rows, x[rows].masked_fill(past, 0))
 
 
@@ -428,13 +449,11 @@ def chunk_state_rows(meta, num_chunk_rows: int) -> torch.Tensor:
     return rows.clamp(max=num_chunk_rows - 1)
 
 
-def flashinfer_checkpoint_rows(meta, num_checkpoints: int, starts=None) -> torch.Tensor:
+def flashinfer_checkpoint_rows(meta, num_checkpoints: int, starts) -> torch.Tensor:
     """Per table row: the FlashInfer snapshot holding the state at its tracked
     chunk boundary. Triton's ``h`` names the state before chunk c, FlashInfer
     snapshots after each chunk: c - 1 (sglang's eager checkpoint plan).
-    ``starts``: flashinfer_checkpoint_starts' result, if already built."""
-    if starts is None:
-        starts = flashinfer_checkpoint_starts(meta.cu_seqlens)
+    ``starts``: flashinfer_checkpoint_starts' result."""
     first = starts[:-1]
     rows = first + meta.track_chunk_idx.to(torch.int64) - 1
     return rows.clamp(min=0, max=num_checkpoints - 1)
@@ -457,16 +476,12 @@ def _snapshot_ssm_states(ssm_states, h, meta, tables, flashinfer: bool = False) 
     if h is None:
         h_track = ssm_states.new_empty((meta.max_seqs, *ssm_states.shape[1:]))
     else:
-        if flashinfer:
-            # A tracked state before a row's first chunk has no snapshot: sglang's
-            # eager FlashInfer plan raises there; fail as loudly, never copy
-            # another row's state into the prefix cache.
-            torch._assert_async(tables.ssm_rows_valid)
-        elif h.shape[1] != meta.chunk_indices.shape[0]:
-            raise RuntimeError(
-                f"the chunk kernels' {h.shape[1]} chunk states do not match the "
-                f"bucket's {meta.chunk_indices.shape[0]} chunk rows"
-            )
+        # The rows were built for this many chunk states: FlashInfer's snapshots
+        # every 64 tokens of the bucket, Triton's one per chunk row
+        # (chunk_gated_delta_rule_fwd_h's NT = len(chunk_indices) with cu_seqlens).
+        assert h.shape[1] == (
+            meta.num_tokens // CHUNK_SIZE if flashinfer else meta.chunk_indices.shape[0]
+        ), (h.shape, meta.num_tokens, meta.chunk_indices.shape)
         if capability.GDN_TRACK_SNAPSHOT_KERNEL:
             snapshot_chunk_states(
                 ssm_states, h[0], tables.ssm_rows, meta, tables.track_src
@@ -501,7 +516,7 @@ def snapshot_chunk_states(ssm_states, chunk_states, rows, meta, src) -> None:
         grid_rows=rows,
         # GDN recomputes no state: a mode no row has, and a source never read.
         recomputed=ssm_states[:1].expand(num_rows, *ssm_states.shape[1:]),
-        modes=(TRACK_FINAL_STATE, TRACK_CHUNK_STATE, _NO_TRACK_MODE),
+        modes=(TRACK_FINAL_STATE, TRACK_CHUNK_STATE, _UNUSED_RECOMPUTE_MODE),
     )
 
 

@@ -46,12 +46,6 @@ from sglang_graphfix.cli import simulated_gpu
 from sglang_graphfix.srt import full_prefill_graph_capability as capability
 from sglang_graphfix.srt.layers.attention.linear import gdn_backend as ours
 from sglang_graphfix.srt.layers.attention.linear import gdn_prefill_graph
-from sglang_graphfix.srt.layers.attention.linear.gdn_prefill_graph import (
-    chunk_state_rows,
-    conv_window_rows,
-    flashinfer_checkpoint_rows,
-    flashinfer_checkpoint_starts,
-)
 
 
 def _captured_then_replayed(backend):
@@ -96,6 +90,10 @@ def test_replay_tables_describe_the_real_batch():
 
 
 def test_replay_track_rows_match_the_eager_track_plan():
+    """The rows a replay tracks, on Triton's chunk states (the tables the captured
+    extend's layers read, build_forward_tables), equal sglang's eager track plan
+    on the same batch: chunk-state source rows, final-state slots, conv windows
+    and their destinations."""
     backend = make_gdn()
     meta, live = _captured_then_replayed(backend)
     slots = backend.req_to_token_pool.get_mamba_indices(live.req_pool_indices)
@@ -106,8 +104,10 @@ def test_replay_track_rows_match_the_eager_track_plan():
     chunk_rows = [r for r, m in enumerate(modes) if m == TRACK_CHUNK_STATE]
     final_rows = [r for r, m in enumerate(modes) if m == TRACK_FINAL_STATE]
     assert chunk_rows == [0, 2] and final_rows == [1]
-    num_h_rows = meta.max_chunks
-    assert chunk_state_rows(meta, num_h_rows)[chunk_rows].tolist() == h_src.tolist()
+    tables = gdn_prefill_graph.build_forward_tables(
+        meta, flashinfer=False, conv_window=WINDOW, device="cpu"
+    )
+    assert tables.ssm_rows[chunk_rows].tolist() == h_src.tolist()
     assert meta.track_dst[chunk_rows].tolist() == h_dst.tolist()
     assert meta.cache_indices[final_rows].tolist() == final_src.tolist()
     assert meta.track_dst[final_rows].tolist() == final_dst.tolist()
@@ -116,7 +116,7 @@ def test_replay_track_rows_match_the_eager_track_plan():
     eager_windows = MambaAttnBackendBase._init_track_conv_indices(
         backend, qsl, live, torch.arange(3)
     )
-    rows, dst = conv_window_rows(meta, WINDOW, "cpu")
+    rows, dst = tables.conv_rows, tables.conv_dst
     assert rows[:3].tolist() == eager_windows.tolist()
     assert dst.tolist() == TRACK_DST + [
         0
@@ -303,10 +303,13 @@ def test_flashinfer_snapshot_rows_match_sglangs_eager_checkpoint_plan(monkeypatc
     chunk_rows = [
         r for r, m in enumerate(meta.track_mode.tolist()) if m == TRACK_CHUNK_STATE
     ]
-    starts = flashinfer_checkpoint_starts(meta.cu_seqlens)
+    tables = gdn_prefill_graph.build_forward_tables(
+        meta, flashinfer=True, conv_window=WINDOW, device="cpu"
+    )
+    starts = tables.checkpoint_starts
     assert starts[: len(LENS) + 1].tolist() == plan.state_checkpoint_cu_starts.tolist()
     assert (starts[len(LENS) :] == plan.num_state_checkpoints).all()  # padding rows
-    rows = flashinfer_checkpoint_rows(meta, BUCKET // CHUNK)
+    rows = tables.ssm_rows
     assert chunk_rows == [2]
     assert rows[chunk_rows].tolist() == plan.track_ssm_h_src.tolist()
 
@@ -458,7 +461,9 @@ def test_only_the_rows_flashinfer_reads_past_the_batch_are_zeroed(bucket, end, z
     x = torch.randn(bucket, 8)
     x[end:] = float("nan")
     before = x.clone()
-    gdn_prefill_graph.zero_rows_in_kernel_reach(x, meta)
+    gdn_prefill_graph.zero_rows_in_kernel_reach(
+        x, *gdn_prefill_graph.kernel_reach_rows(meta, bucket)
+    )
     assert torch.equal(x[:end], before[:end])
     assert not x[end : end + zeroed].any()
     assert x[end + zeroed :].isnan().all()
@@ -496,7 +501,7 @@ def test_the_flashinfer_kernel_reads_no_garbage_past_the_batch(monkeypatch, reac
     monkeypatch.setattr(
         gdn_prefill_graph,
         "zero_rows_in_kernel_reach",
-        lambda x, m, *reach: (zeroed.append(x.shape), real_zero(x, m, *reach)),
+        lambda x, *reach: (zeroed.append(x.shape), real_zero(x, *reach)),
     )
     _, _, _, _, real = _flashinfer_extend(meta, kernel)
     (call,) = kernel.calls
@@ -613,7 +618,7 @@ def test_the_layers_tables_built_once_per_forward_equal_each_layers_own(monkeypa
         once, backend = _forwards_through_the_backend(patch, once_per_forward=True)
     assert isinstance(
         backend.full_prefill_graph_forward_tables,
-        gdn_prefill_graph.ForwardTablesOfCapture,
+        gdn_prefill_graph.ForwardTablesMemo,
     )
     assert [s.get("builds") for s in each] == [None, None, 3, None, None, 3]
     assert [s.get("builds") for s in once] == [None, None, 1, None, None, 1]
@@ -625,19 +630,20 @@ def test_the_layers_tables_built_once_per_forward_equal_each_layers_own(monkeypa
     assert not torch.equal(each[0]["tracked"], each[3]["tracked"])
 
 
-def test_the_tables_of_each_bucket_and_capture_are_their_own():
-    """ForwardTablesOfCapture keeps one entry per bucket's tables: a layer of
-    another bucket builds that bucket's, and its first layer rebuilds them on
-    its next forward; the backend starts a fresh one at every capture."""
-    memo = gdn_prefill_graph.ForwardTablesOfCapture()
-    a, b = object(), object()
+def test_the_memo_rebuilds_at_its_builder_and_keeps_each_tables_own():
+    """ForwardTablesMemo: the layer that built a bucket's tables rebuilds them
+    (its next forward), the others read them; another tables object has its
+    own; the backend starts a fresh memo at every capture, not at a replay."""
+    memo = gdn_prefill_graph.ForwardTablesMemo()
+    a, b, spec = object(), object(), {"flashinfer": True}
     built = iter(range(100))
-    assert memo.get(a, 0, lambda: next(built)) == 0
-    assert memo.get(a, 1, lambda: next(built)) == 0  # read
-    assert memo.get(b, 0, lambda: next(built)) == 1  # another bucket
-    assert memo.get(a, 1, lambda: next(built)) == 0
-    assert memo.get(a, 0, lambda: next(built)) == 2  # a's next forward
-    assert memo.get(b, 1, lambda: next(built)) == 1
+    assert memo.get(a, 0, spec, lambda: next(built)) == 0
+    assert memo.get(a, 1, spec, lambda: next(built)) == 0  # read
+    assert memo.get(b, 0, spec, lambda: next(built)) == 1  # other tables
+    assert memo.get(a, 2, spec, lambda: next(built)) == 0
+    assert memo.get(a, 0, spec, lambda: next(built)) == 2  # a's next forward
+    assert memo.get(a, 1, spec, lambda: next(built)) == 2
+    assert memo.get(b, 1, spec, lambda: next(built)) == 1
     backend = make_gdn()
     ours.prepare_full_prefill_graph_tables(backend, capture_view(), in_capture=True)
     first = backend.full_prefill_graph_forward_tables
@@ -647,6 +653,20 @@ def test_the_tables_of_each_bucket_and_capture_are_their_own():
     assert backend.full_prefill_graph_forward_tables is first  # a replay keeps it
     ours.prepare_full_prefill_graph_tables(backend, capture_view(), in_capture=True)
     assert backend.full_prefill_graph_forward_tables is not first
+
+
+def test_the_memo_refuses_a_stale_read_and_tables_built_another_way():
+    """A layer reading twice without the builder rebuilding in between (the
+    forward's first GDN layer changed) and a layer asking for tables built
+    another way raise instead of reading what the builder left."""
+    memo = gdn_prefill_graph.ForwardTablesMemo()
+    meta, spec = object(), {"flashinfer": True, "conv_window": 3}
+    memo.get(meta, 0, spec, lambda: "tables")
+    memo.get(meta, 1, spec, lambda: "rebuilt")
+    with pytest.raises(RuntimeError, match="reads its forward's tables twice"):
+        memo.get(meta, 1, spec, lambda: "rebuilt")
+    with pytest.raises(RuntimeError, match="built them as"):
+        memo.get(meta, 2, {**spec, "conv_window": 4}, lambda: "rebuilt")
 
 
 def test_the_tables_once_per_forward_ship_off():
