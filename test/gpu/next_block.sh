@@ -61,7 +61,7 @@
 #     full server (slots_16_vs_one_slot_kernels.txt);
 #  3. step 1's full server with the index tables the GDN layers derive built
 #     once a forward (the test probe's GRAPHFIX_PROBE_GDN_TABLES_ONCE_PER_FORWARD=1:
-#     30 small device ops a layer fewer), the same runs profiled; POST diffs
+#     31 small device ops a layer fewer), the same runs profiled; POST diffs
 #     its kernels against step 1's full server (per_layer_vs_once_kernels.txt);
 #  4. step 1's full server with the prefix-cache snapshot in one kernel launch
 #     a layer (GRAPHFIX_PROBE_GDN_TRACK_SNAPSHOT_KERNEL=1: no gather of every

@@ -511,7 +511,7 @@ GDN_TRACK_SNAPSHOT_KERNEL = False
 # conv-window and chunk-state rows to track, ...) built once per forward, by its
 # first GDN layer, and read by the others
 # (..layers.attention.linear.gdn_prefill_graph.ForwardTablesMemo), instead
-# of by every layer: 30 small ops a layer on FlashInfer's prefill with
+# of by every layer: 31 small ops a layer on FlashInfer's prefill with
 # prefix-cache tracking (14 on Triton's; counted at torch's dispatcher on CPU,
 # the same calls on a GPU), each a node of the graph. Profiled served on an
 # H100 at Qwen3.5-35B-A3B's dimensions (benchmark/results/gpu/serving_2026-12-07d/,

@@ -118,7 +118,7 @@ class GDNForwardTables(NamedTuple):
 def build_forward_tables(
     meta, *, flashinfer: bool, conv_window: int, device
 ) -> GDNForwardTables:
-    """GDNForwardTables for ``meta``: a few small device ops on its tables (30
+    """GDNForwardTables for ``meta``: a few small device ops on its tables (31
     with FlashInfer's prefill and prefix-cache tracking, 14 with Triton's)."""
     num_checkpoints = meta.num_tokens // CHUNK_SIZE if meta.track else 0
     past = reach_rows = reach_past = cu_seqlens = starts = None

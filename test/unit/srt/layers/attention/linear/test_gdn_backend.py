@@ -672,3 +672,29 @@ def test_the_memo_refuses_a_stale_read_and_tables_built_another_way():
 def test_the_tables_once_per_forward_ship_off():
     """Off until a GPU runs it (GDN_TABLES_ONCE_PER_FORWARD's comment)."""
     assert capability.GDN_TABLES_ONCE_PER_FORWARD is False
+
+
+def test_the_tables_every_layer_derived_are_31_ops_on_flashinfer_14_on_triton():
+    """The device ops GDN_TABLES_ONCE_PER_FORWARD saves a layer (the figure its
+    comment quotes): build_forward_tables' calls at torch's dispatcher, views
+    left out, on a replayed tracking bucket."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    views = {"view", "unsqueeze", "slice", "select", "expand", "alias"}
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += func.overloadpacket.__name__ not in views
+            return func(*args, **(kwargs or {}))
+
+    counts = {}
+    for flashinfer in (True, False):
+        meta, _ = _replayed_without_first_chunk_track(make_gdn())
+        with Count() as count:
+            gdn_prefill_graph.build_forward_tables(
+                meta, flashinfer=flashinfer, conv_window=WINDOW, device="cpu"
+            )
+        counts[flashinfer] = count.ops
+    assert counts == {True: 31, False: 14}
