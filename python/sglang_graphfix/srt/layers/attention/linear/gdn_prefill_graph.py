@@ -120,7 +120,7 @@ def build_forward_tables(
 ) -> GDNForwardTables:
     """GDNForwardTables for ``meta``: a few small device ops on its tables (31
     with FlashInfer's prefill and prefix-cache tracking, 14 with Triton's)."""
-    num_checkpoints = meta.num_tokens // CHUNK_SIZE if meta.track else 0
+    num_checkpoints = flashinfer_num_checkpoints(meta)
     past = reach_rows = reach_past = cu_seqlens = starts = None
     conv_rows = conv_dst = ssm_rows = track_src = None
     if flashinfer:
@@ -167,7 +167,8 @@ class ForwardTablesMemo:
     tables object."""
 
     def __init__(self):
-        # id(meta) -> [meta, build spec, builder's layer id, tables, readers]
+        # id(meta) -> [meta (held, so that its id stays its own), build spec,
+        # builder's layer id, tables, readers since the build]
         self._built = {}
 
     def get(self, meta, layer_id, spec, build) -> GDNForwardTables:
@@ -333,7 +334,7 @@ def flashinfer_delta_rule_on_tables(kernel, q, k, v, g, beta, ssm_states, meta, 
     (o, checkpoints [1, n, H, V, K] or None)."""
     pad = tables.past.view(1, -1, 1)
     g, beta = g.masked_fill(pad, 0), beta.masked_fill(pad, 0)
-    num_checkpoints = meta.num_tokens // CHUNK_SIZE if meta.track else 0
+    num_checkpoints = flashinfer_num_checkpoints(meta)
     slots = meta.cache_indices
     initial = ssm_states.new_empty(
         (slots.shape[0], *ssm_states.shape[1:]), dtype=torch.float32
@@ -364,6 +365,12 @@ def flashinfer_delta_rule_on_tables(kernel, q, k, v, g, beta, ssm_states, meta, 
     if checkpoints is not None:
         checkpoints = checkpoints.unsqueeze(0)
     return o.unsqueeze(0), checkpoints
+
+
+def flashinfer_num_checkpoints(meta) -> int:
+    """FlashInfer's chunk-boundary snapshots a replay of the bucket takes: one
+    every 64 tokens of the bucket where it tracks (any replay may), else none."""
+    return meta.num_tokens // CHUNK_SIZE if meta.track else 0
 
 
 def flashinfer_checkpoint_starts(cu_seqlens: torch.Tensor) -> torch.Tensor:
@@ -480,7 +487,9 @@ def _snapshot_ssm_states(ssm_states, h, meta, tables, flashinfer: bool = False) 
         # every 64 tokens of the bucket, Triton's one per chunk row
         # (chunk_gated_delta_rule_fwd_h's NT = len(chunk_indices) with cu_seqlens).
         assert h.shape[1] == (
-            meta.num_tokens // CHUNK_SIZE if flashinfer else meta.chunk_indices.shape[0]
+            flashinfer_num_checkpoints(meta)
+            if flashinfer
+            else meta.chunk_indices.shape[0]
         ), (h.shape, meta.num_tokens, meta.chunk_indices.shape)
         if capability.GDN_TRACK_SNAPSHOT_KERNEL:
             snapshot_chunk_states(
