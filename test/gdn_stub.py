@@ -85,6 +85,15 @@ def live_batch():
     return batch
 
 
+def live_batch_without_first_chunk_track(track_row0=False):
+    """live_batch with its row 0 (tracked inside its first chunk, which sglang's
+    eager FlashInfer checkpoint plan refuses) untracked unless ``track_row0``."""
+    live = live_batch()
+    live.mamba_prefill_track_mask_cpu = [track_row0, *TRACKED[1:]]
+    live.mamba_track_mask = torch.tensor(live.mamba_prefill_track_mask_cpu)
+    return live
+
+
 def replay_view(live):
     """PrefillCudaGraphRunner._prepare_forward_metadata_for_replay's padded view:
     request slots padded to the capture's with pool row 0 and zero lengths, the

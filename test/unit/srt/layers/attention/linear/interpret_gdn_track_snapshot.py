@@ -19,10 +19,10 @@ import torch  # noqa: E402
 from gdn_stub import (  # noqa: E402
     BUCKET,
     CHUNK,
-    TRACKED,
     WINDOW,
     capture_view,
     live_batch,
+    live_batch_without_first_chunk_track,
     make_gdn,
     replay_view,
 )
@@ -55,10 +55,7 @@ def replayed_tables(flashinfer: bool):
     gdn_backend.prepare_full_prefill_graph_tables(
         backend, capture_view(), in_capture=True
     )
-    live = live_batch()
-    if flashinfer:
-        live.mamba_prefill_track_mask_cpu = [False, *TRACKED[1:]]
-        live.mamba_track_mask = torch.tensor(live.mamba_prefill_track_mask_cpu)
+    live = live_batch_without_first_chunk_track() if flashinfer else live_batch()
     return gdn_backend.prepare_full_prefill_graph_tables(
         backend, replay_view(live), in_capture=False
     )

@@ -13,10 +13,10 @@ from gdn_stub import (
     MAPPING,
     SLOTS_PER_GRAPH,
     TRACK_DST,
-    TRACKED,
     WINDOW,
     capture_view,
     live_batch,
+    live_batch_without_first_chunk_track,
     make_gdn,
     replay_view,
 )
@@ -276,9 +276,7 @@ def _replayed_without_first_chunk_track(backend, track_row0=False):
     """The live batch replayed on a captured bucket, its row 0 (tracked inside its
     first chunk) untracked unless ``track_row0``."""
     ours.prepare_full_prefill_graph_tables(backend, capture_view(), in_capture=True)
-    live = live_batch()
-    live.mamba_prefill_track_mask_cpu = [track_row0, *TRACKED[1:]]
-    live.mamba_track_mask = torch.tensor(live.mamba_prefill_track_mask_cpu)
+    live = live_batch_without_first_chunk_track(track_row0)
     meta = ours.prepare_full_prefill_graph_tables(
         backend, replay_view(live), in_capture=False
     )
@@ -541,13 +539,6 @@ def _another_batch_view():
     return view
 
 
-def _first_batch_view():
-    live = live_batch()
-    live.mamba_prefill_track_mask_cpu = [False, *TRACKED[1:]]
-    live.mamba_track_mask = torch.tensor(live.mamba_prefill_track_mask_cpu)
-    return replay_view(live)
-
-
 def _forwards_through_the_backend(monkeypatch, once_per_forward, num_layers=3):
     """The GDN backend's captured extend (sglang's forward_extend, under a full
     prefill graph) over ``num_layers`` layers, one forward per batch: the
@@ -579,7 +570,8 @@ def _forwards_through_the_backend(monkeypatch, once_per_forward, num_layers=3):
     with simulated_gpu("h200"):  # FlashInfer's GDN prefill captures on SM90
         ours.prepare_full_prefill_graph_tables(backend, capture_view(), in_capture=True)
     seen = []
-    for view in (_first_batch_view(), _another_batch_view()):
+    first = replay_view(live_batch_without_first_chunk_track())
+    for view in (first, _another_batch_view()):
         ours.prepare_full_prefill_graph_tables(backend, view, in_capture=False)
         builds.clear()
         for i in range(num_layers):
